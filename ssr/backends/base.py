@@ -1,0 +1,48 @@
+"""The one small protocol every backend implements.
+
+A backend runs forward passes over *lanes*: independent token sequences that share one model (the thinking
+stream, each draft, the answer). It knows nothing of drafts or acceptance: it appends tokens to lanes in one
+batched pass and reports the logits at the positions asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    model_name: str
+    vocab_size: int
+    context_window: int
+    eos_token_ids: frozenset[int]
+
+    def new_lane(self, prefix: list[int] | None = None) -> int:
+        """A lane for a new request (no other lane is live). It may already hold a cached prefix of ``prefix``
+        (``length`` says how many tokens); a backend without prefix reuse returns an empty lane."""
+
+    def park(self, lane: int) -> None:
+        """End of request: free every other lane; ``lane`` may be kept for the next request's prefix."""
+
+    def fork(self, parent: int) -> int:
+        """A new lane holding a copy of ``parent``'s tokens (its cache rows, up to the fork point)."""
+
+    def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
+        """Append ``feeds[lane]`` to each lane in ONE batched forward pass.
+
+        Returns, per fed lane, float32 logits of shape ``[k, vocab]`` for the last ``k = want.get(lane, len(feed))``
+        fed positions (row ``i`` predicts the token after the ``i``-th of those positions).
+        """
+
+    def truncate(self, lane: int, length: int) -> None:
+        """Forget every token of ``lane`` after its first ``length`` tokens (rejected proposals)."""
+
+    def length(self, lane: int) -> int:
+        """Number of tokens the lane holds."""
+
+    def release(self, lane: int) -> None:
+        """Free the lane and its memory now."""
+
+    def release_all(self) -> None:
+        """Free every lane (end of request, cancellation)."""

@@ -1,0 +1,193 @@
+"""Per-family chat settings, prompt rendering, reasoning split and tool-call parsing, in one place."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+THINK_INSTRUCTION = (
+    "You are a careful assistant that reasons before answering. First think step by step inside "
+    "<think> ... </think>; then, after </think>, write only the final answer."
+)
+
+# One short exchange that shows the format; instruct models that are not trained to think need it to close </think>.
+DEMONSTRATION = [
+    {"role": "user", "content": "Write a Python function that returns the largest of three numbers."},
+    {"role": "assistant", "content": (
+        "<think>\nThe user wants the maximum of three values. Python's built-in max already handles this, "
+        "so the function can simply return max(a, b, c). A short docstring helps.\n</think>\n\n"
+        "```python\ndef largest(a, b, c):\n    \"\"\"Return the largest of a, b and c.\"\"\"\n    return max(a, b, c)\n```"
+    )},
+]
+
+
+@dataclass(frozen=True)
+class ChatFamily:
+    """How one model family thinks, closes its thinking, and calls tools."""
+
+    name: str
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    close_text: str = "\n</think>\n\n"  # appended by drafts and by budget forcing
+    continue_text: str = "\nWait,"  # replaces an early close when min_think_tokens is set (s1 budget forcing)
+    think_prefill: str = "<think>\n"  # appended after the generation prompt so the model starts thinking
+    system_prompt: str | None = None  # for instruct models that are not trained to think
+    demonstration: tuple[dict[str, str], ...] = ()
+    tool_call_open: str = "<tool_call>"
+    tool_call_close: str = "</tool_call>"
+
+
+QWEN2_INSTRUCT = ChatFamily(name="qwen2-instruct", system_prompt=THINK_INSTRUCTION,
+                            demonstration=tuple(DEMONSTRATION))
+REASONING = ChatFamily(name="reasoning")  # models trained to think (e.g. Qwen3, DeepSeek-R1 distills)
+FAMILIES = {f.name: f for f in (QWEN2_INSTRUCT, REASONING)}
+
+
+def detect_family(tokenizer, model_type: str | None) -> ChatFamily:
+    """Models whose template already opens a think block are reasoning models; others get the instruct recipe."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if "<think>" in template or "enable_thinking" in template:
+        return REASONING
+    return QWEN2_INSTRUCT
+
+
+def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None = None) -> str:
+    """The chat template applied to the family's thinking setup, the conversation and the tools."""
+    messages = [_normalise(m) for m in messages]
+    if family.system_prompt:
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
+        else:
+            messages.insert(0, {"role": "system", "content": family.system_prompt})
+        messages[1:1] = [dict(m) for m in family.demonstration]
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    return text + family.think_prefill
+
+
+def _normalise(message: dict[str, Any]) -> dict[str, Any]:
+    """Tool-call arguments as dicts (what HF templates expect); content never None."""
+    out = {**message, "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        calls = []
+        for call in message["tool_calls"]:
+            fn = call.get("function", call)
+            args = fn.get("arguments", fn.get("args", {}))
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            calls.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+        out["tool_calls"] = calls
+    return out
+
+
+def tool_instruction(tool_choice: str | None, tools: list[dict[str, Any]] | None) -> str | None:
+    """Text appended to the last user turn to enforce ``tool_choice`` (the model still decides the arguments)."""
+    if not tools or tool_choice in (None, "auto"):
+        return None
+    if tool_choice == "none":
+        return "Do not call any tool; answer directly."
+    if tool_choice in ("any", "required"):
+        return "You must answer with a tool call."
+    return f"You must answer with a call to the tool `{tool_choice}`."
+
+
+# -- tool-call parsing --------------------------------------------------------------------------------------------
+
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_FENCED = re.compile(r"```(?:json|tool_call)?\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass
+class ToolCallParse:
+    content: str  # the text with tool-call markup removed
+    tool_calls: list[dict[str, Any]]  # {"id", "name", "arguments": dict}
+    invalid_tool_calls: list[dict[str, Any]]  # {"id", "name", "args": str, "error": str}
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParse:
+    """Tool calls in the Hermes/Qwen format (``<tool_call>{json}</tool_call>``), or, when tools are bound and no tag
+    is present, a JSON object with "name" and "arguments" in a code fence or as the whole answer.
+
+    Never raises: malformed JSON, unknown tool names and arguments that miss required parameters become invalid
+    tool calls carrying the error.
+    """
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
+    spans = [(m.start(), m.end(), m.group(1)) for m in _TAGGED.finditer(text)]
+    if not spans and tools:
+        spans = [(m.start(), m.end(), m.group(1)) for m in _FENCED.finditer(text) if _looks_like_call(m.group(1))]
+        if not spans and _looks_like_call(text.strip()):
+            spans = [(0, len(text), text)]
+    calls, invalid = [], []
+    for _, _, body in spans:
+        call, error = _parse_one(body.strip(), schemas if tools else None)
+        if error:
+            invalid.append(error)
+        else:
+            calls.append(call)
+    content = text
+    for start, end, _ in reversed(spans):
+        content = content[:start] + content[end:]
+    return ToolCallParse(content.strip(), calls, invalid)
+
+
+def _looks_like_call(body: str) -> bool:
+    return body.lstrip().startswith("{") and '"name"' in body
+
+
+def _parse_one(body: str, schemas: dict[str, dict] | None) -> tuple[dict | None, dict | None]:
+    call_id = f"call_{uuid.uuid4().hex[:24]}"
+
+    def bad(name, error):
+        return None, {"id": call_id, "name": name, "args": body, "error": error}
+
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+        return bad(name.group(1) if name else None, f"malformed tool-call JSON: {exc}")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return bad(None, 'a tool call must be a JSON object with a string "name"')
+    name, args = data["name"], data.get("arguments", data.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as exc:
+            return bad(name, f"tool-call arguments are not valid JSON: {exc}")
+    if not isinstance(args, dict):
+        return bad(name, "tool-call arguments must be a JSON object")
+    if schemas is not None:
+        if name not in schemas:
+            return bad(name, f"unknown tool {name!r}; bound tools: {sorted(schemas)}")
+        problem = check_arguments(args, schemas[name])
+        if problem:
+            return bad(name, problem)
+    return {"id": call_id, "name": name, "arguments": args}, None
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+               "object": dict, "dict": dict}
+
+
+def check_arguments(args: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """A light JSON-schema check: required properties present, top-level types right. Returns the problem or None."""
+    missing = [k for k in schema.get("required", []) if k not in args]
+    if missing:
+        return f"missing required argument(s) {missing}"
+    for key, value in args.items():
+        spec = (schema.get("properties") or {}).get(key) or {}
+        expected = _JSON_TYPES.get(spec.get("type")) if isinstance(spec.get("type"), str) else None
+        if expected is None:
+            continue
+        if isinstance(value, bool) and spec["type"] in ("integer", "number"):
+            return f"argument {key!r} should be {spec['type']}, got boolean"
+        if not isinstance(value, expected):
+            return f"argument {key!r} should be {spec['type']}, got {type(value).__name__}"
+        if "enum" in spec and value not in spec["enum"]:
+            return f"argument {key!r} must be one of {spec['enum']}, got {value!r}"
+    return None

@@ -1,0 +1,93 @@
+"""SSRConfig: every knob of one generation, validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SSRConfig:
+    """Budgets, drafting, suffix proposals and sampling for one request.
+
+    ``enabled=False`` is plain decoding through the same backend: the baseline every comparison uses.
+    Token budgets count tokens generated after the prompt.
+    """
+
+    enabled: bool = True
+    # thinking budget
+    max_think_tokens: int = 512
+    min_think_tokens: int = 0
+    # drafting
+    draft_start: int = 16
+    draft_interval: int | None = None
+    max_drafts: int = 2
+    max_draft_tokens: int = 256
+    bootstrap_drafts: bool = True
+    # answer phase
+    prefix_accept: bool = True
+    suffix_decoding: bool = True
+    suffix_sources: tuple[str, ...] = ("drafts", "prompt", "thinking", "answer")
+    max_suffix_tokens: int = 16
+    suffix_min_match: int = 2
+    suffix_min_prob: float = 0.1
+    max_verify_tokens: int = 256
+    # sampling and stopping
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # tool calls: schema-aware proposals where bound tools' JSON schemas fix the next text
+    schema_proposals: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str) or isinstance(self.stop, list):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if isinstance(self.suffix_sources, list):
+            object.__setattr__(self, "suffix_sources", tuple(self.suffix_sources))
+        self._validate()
+
+    def _validate(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"SSRConfig: {message}")
+
+        need(self.max_think_tokens >= 0, f"max_think_tokens must be >= 0, got {self.max_think_tokens}")
+        need(0 <= self.min_think_tokens <= self.max_think_tokens,
+             f"min_think_tokens must be in [0, max_think_tokens={self.max_think_tokens}], got {self.min_think_tokens}")
+        need(self.draft_start >= 0, f"draft_start must be >= 0, got {self.draft_start}")
+        need(self.draft_interval is None or self.draft_interval >= 1,
+             f"draft_interval must be None or >= 1, got {self.draft_interval}")
+        need(self.max_drafts >= 0, f"max_drafts must be >= 0 (0: no drafts), got {self.max_drafts}")
+        need(self.max_draft_tokens >= 1, f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+        need(self.max_suffix_tokens >= 1, f"max_suffix_tokens must be >= 1, got {self.max_suffix_tokens}")
+        need(self.suffix_min_match >= 1, f"suffix_min_match must be >= 1, got {self.suffix_min_match}")
+        need(0.0 <= self.suffix_min_prob <= 1.0, f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob}")
+        need(self.max_verify_tokens >= 1, f"max_verify_tokens must be >= 1, got {self.max_verify_tokens}")
+        unknown = set(self.suffix_sources) - {"drafts", "prompt", "thinking", "answer"}
+        need(not unknown, f"unknown suffix_sources {sorted(unknown)}; choose from drafts, prompt, thinking, answer")
+        need(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        need(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def override(self, **changes: Any) -> "SSRConfig":
+        """A copy with the given fields changed; ``None`` values mean "keep"."""
+        names = {f.name for f in fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise TypeError(f"SSRConfig has no field(s) {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+PLAIN = SSRConfig(enabled=False)

@@ -1,0 +1,167 @@
+"""SSREngine: the public API. Prompts in, reasoning + answer + exact token ids + stats out; sync, async, streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Iterator
+
+from .backends import load_backend
+from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, tool_instruction
+from .config import SSRConfig
+from .decode import Request
+from .models import canonical_name, resolve_model
+from .result import GenerationResult, StreamEvent
+
+Prompt = str | list[dict[str, Any]] | list[int]
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+class SSREngine:
+    """One loaded model and its backend; requests run one at a time on it (a lock guards the backend)."""
+
+    def __init__(self, backend, tokenizer, config: SSRConfig | None = None, family: ChatFamily | None = None,
+                 model_name: str | None = None) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.config = config or SSRConfig()
+        self.family = family or detect_family(tokenizer, getattr(getattr(backend, "config", None), "model_type", None))
+        self.model_name = model_name or backend.model_name
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
+                        config: SSRConfig | None = None, family: ChatFamily | None = None,
+                        **backend_kwargs) -> "SSREngine":
+        """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``."""
+        name = canonical_name(model)
+        loaded = load_backend(backend, resolve_model(model), name, **backend_kwargs)
+        return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name)
+
+    @property
+    def context_window(self) -> int:
+        return self.backend.context_window
+
+    # -- prompts -------------------------------------------------------------------------------------------------------
+    def encode(self, prompt: Prompt, tools: list[dict] | None = None, tool_choice: str | None = None) -> list[int]:
+        """Prompt token ids: text becomes one user message; messages go through the chat template; ids pass as-is."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt is empty")
+            prompt = [{"role": "user", "content": prompt}]
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt is empty: give text, a non-empty list of chat messages, or token ids")
+        if all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        elif all(isinstance(m, dict) for m in prompt):
+            messages = [dict(m) for m in prompt]
+            extra = tool_instruction(tool_choice, tools)
+            if extra:
+                last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+                if last_user is not None:
+                    messages[last_user]["content"] = f"{messages[last_user].get('content') or ''}\n\n{extra}"
+            for m in messages:
+                if m.get("role") not in ("system", "user", "assistant", "tool"):
+                    raise ValueError(f"unknown chat role {m.get('role')!r}: use system, user, assistant or tool")
+            tools_for_template = None if tool_choice == "none" else tools
+            text = render_prompt(self.tokenizer, self.family, messages, tools_for_template)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            raise ValueError("prompt must be text, a list of chat-message dicts, or a list of token ids")
+        if len(ids) >= self.context_window:
+            raise ValueError(f"prompt is {len(ids)} tokens, over the model's context window of "
+                             f"{self.context_window} tokens (leave room for the answer)")
+        return ids
+
+    def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
+                 thinking: bool = True, **overrides) -> Request:
+        unknown = set(overrides) - set(_SAMPLING)
+        if unknown:
+            raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
+        cfg = (config or self.config).override(**overrides)
+        ids = self.encode(prompt, tools, tool_choice)
+        return Request(self.backend, self.tokenizer, self.family, cfg, ids, thinking=thinking, cancel=cancel,
+                       tools=tools if tool_choice != "none" else None)
+
+    # -- running -------------------------------------------------------------------------------------------------------
+    def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,
+               config: SSRConfig | None = None, thinking: bool = True, _cancel: threading.Event | None = None,
+               **overrides) -> Iterator[StreamEvent]:
+        """Yield reasoning and answer deltas as they become final, then a "done" event with the result."""
+        request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking, **overrides)
+        with self._lock:
+            for kind, text in request.run():
+                yield StreamEvent(kind, text)
+        yield StreamEvent("done", result=self._result(request, tools))
+
+    def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
+        """Think, then answer; same keywords as ``stream``."""
+        for event in self.stream(prompt, **kwargs):
+            if event.kind == "done":
+                return event.result
+        raise RuntimeError("generation ended without a result")  # unreachable
+
+    async def astream(self, prompt: Prompt, **kwargs) -> AsyncIterator[StreamEvent]:
+        """``stream`` on a worker thread; the event loop never blocks. Closing the iterator cancels the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        end = object()
+
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is gone: nobody is listening
+                cancel.set()
+
+        def produce() -> None:
+            try:
+                for event in self.stream(prompt, _cancel=cancel, **kwargs):
+                    put(event)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                put(exc)
+            finally:
+                put(end)
+
+        threading.Thread(target=produce, daemon=True, name="ssr-request").start()
+        try:
+            while (item := await queue.get()) is not end:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
+
+    async def agenerate(self, prompt: Prompt, **kwargs) -> GenerationResult:
+        async for event in self.astream(prompt, **kwargs):
+            if event.kind == "done":
+                return event.result
+        raise RuntimeError("generation ended without a result")  # unreachable
+
+    def _result(self, request: Request, tools: list[dict] | None) -> GenerationResult:
+        t = request.transcript
+        answer = t.answer()
+        parsed = parse_tool_calls(answer, tools) if tools else None
+        reason = t.finish.reason if t.finish else "stop"
+        if parsed and parsed.tool_calls and reason == "stop":
+            reason = "tool_calls"
+        return GenerationResult(
+            reasoning=t.reasoning(), answer=answer, token_ids=list(t.tokens), prompt_tokens=len(request.prompt_ids),
+            finish_reason=reason, stats=request.stats(),
+            tool_calls=parsed.tool_calls if parsed else [],
+            invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
+            content=parsed.content if parsed else answer,
+        )
+
+
+_ENGINES: dict[tuple, SSREngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def get_engine(model: str | None = None, backend: str = "transformers", **backend_kwargs) -> SSREngine:
+    """The process-wide engine for (model, backend): every adapter instance naming it shares one loaded model."""
+    key = (canonical_name(model), backend, tuple(sorted((k, repr(v)) for k, v in backend_kwargs.items())))
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = SSREngine.from_pretrained(model, backend=backend, **backend_kwargs)
+        return _ENGINES[key]

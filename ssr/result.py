@@ -1,0 +1,46 @@
+"""What a generation returns: the text split into reasoning and answer, the exact token ids, and stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationResult:
+    """One finished request.
+
+    ``token_ids`` holds every token generated after the prompt (reasoning, forced text and answer), exactly as
+    decoded; ``stats`` is a plain dict (see ``ssr.stats``) that adapters pass on unchanged.
+    """
+
+    reasoning: str
+    answer: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens) or "tool_calls"
+    stats: dict[str, Any]
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "arguments": dict}
+    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "args": str, "error"}
+    content: str | None = None  # the answer with tool-call markup removed (equals ``answer`` without tools)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.stats["think_tokens"]
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class StreamEvent:
+    """A piece of a streamed generation.
+
+    ``kind`` is "reasoning" or "answer" for text deltas that are final (verified), and "done" for the last event,
+    which carries the full ``result``.
+    """
+
+    kind: str
+    text: str = ""
+    result: GenerationResult | None = None

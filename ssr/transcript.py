@@ -1,0 +1,155 @@
+"""The main lane's generated tokens and what they mean: thinking, forced text, answer, and when to stop.
+
+Plain decoding and SSR push the same tokens through the same transcript, so budget forcing, stop strings and
+``max_tokens`` act identically in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .chat import ChatFamily
+from .config import SSRConfig
+
+CONTINUE, CLOSED, REWOUND, FINISHED = "continue", "closed", "rewound", "finished"
+
+
+@dataclass
+class Finish:
+    reason: str  # "stop" or "length"
+    answer_end: int | None = None  # character offset where a stop string starts in the raw answer
+
+
+class Transcript:
+    def __init__(self, tokenizer, family: ChatFamily, config: SSRConfig, eos_ids: frozenset[int],
+                 thinking: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.family = family
+        self.config = config
+        self.eos_ids = eos_ids
+        self.marker = family.think_close
+        self.close_ids = tokenizer.encode(family.close_text, add_special_tokens=False)
+        self.continue_ids = tokenizer.encode(family.continue_text, add_special_tokens=False)
+        self.tokens: list[int] = []
+        self.thinking = thinking
+        self.answer_start = 0 if not thinking else None  # index of the first answer token
+        self.answer_residual = ""  # text after the close marker inside the closing token(s)
+        self.reasoning_text = ""
+        self.closed_by: str | None = None if thinking else "none"
+        self.finish: Finish | None = None
+        self.sampled = 0  # tokens the model chose (each one costs a forward pass in plain decoding)
+        self.forced = 0
+
+    # -- counts ----------------------------------------------------------------------------------------------------
+    @property
+    def think_tokens(self) -> int:
+        return len(self.tokens) if self.answer_start is None else self.answer_start
+
+    @property
+    def answer_tokens(self) -> list[int]:
+        return [] if self.answer_start is None else self.tokens[self.answer_start:]
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # -- pushing tokens --------------------------------------------------------------------------------------------
+    def push(self, token: int) -> str:
+        """Add one model-chosen token; returns CONTINUE, CLOSED, REWOUND (early close replaced) or FINISHED."""
+        self.sampled += 1
+        if self.thinking and token in self.eos_ids:
+            return self._close_thinking(by="eos")  # a chain of thought must close before the answer ends
+        self.tokens.append(token)
+        if self.thinking:
+            if self._ends_with_marker():
+                if self.think_tokens < self.config.min_think_tokens:
+                    return self._rewind()
+                return self._mark_closed(by="model")
+            if self.think_tokens >= self.config.max_think_tokens:
+                return self._close_thinking(by="budget")
+            return self._check_length()
+        if token in self.eos_ids:
+            self.finish = Finish("stop")
+            return FINISHED
+        if self._check_stop():
+            return FINISHED
+        return self._check_length()
+
+    def _check_length(self) -> str:
+        if len(self.tokens) >= self.config.max_tokens:
+            self.finish = Finish("length")
+            if self.thinking:
+                self.reasoning_text = self.decode(self.tokens)
+            return FINISHED
+        return CONTINUE
+
+    def _ends_with_marker(self) -> bool:
+        tail = self.decode(self.tokens[-8:])
+        if self.marker not in tail:
+            return False
+        return self.marker not in self.decode(self.tokens[-8:-1])
+
+    def _rewind(self) -> str:
+        """min_think_tokens: drop the tokens that spelled the close marker and continue thinking instead."""
+        at = self.decode(self.tokens).rfind(self.marker)
+        cut = len(self.tokens) - 1
+        while cut > 0 and len(self.decode(self.tokens[:cut])) > at:
+            cut -= 1
+        del self.tokens[cut:]
+        self._append_forced(self.continue_ids)
+        return REWOUND
+
+    def _close_thinking(self, by: str) -> str:
+        self._append_forced(self.close_ids)
+        return self._mark_closed(by)
+
+    def _append_forced(self, ids: list[int]) -> None:
+        self.tokens.extend(ids)
+        self.forced += len(ids)
+
+    def _mark_closed(self, by: str) -> str:
+        text = self.decode(self.tokens)
+        at = text.rfind(self.marker)
+        self.reasoning_text = text[:at]
+        self.answer_residual = text[at + len(self.marker):]
+        self.answer_start = len(self.tokens)
+        self.thinking = False
+        self.closed_by = by
+        if len(self.tokens) >= self.config.max_tokens:
+            self.finish = Finish("length")
+            return FINISHED
+        return CLOSED
+
+    def _check_stop(self) -> bool:
+        if not self.config.stop:
+            return False
+        raw = self.raw_answer()
+        window = len(self.decode(self.tokens[-1:])) + max(len(s) for s in self.config.stop)
+        hits = [i for s in self.config.stop if (i := raw.find(s, max(0, len(raw) - window))) >= 0]
+        if hits:
+            self.finish = Finish("stop", answer_end=min(hits))
+            return True
+        return False
+
+    def answer_residual_of(self, ids: list[int]) -> str:
+        """Text after the close marker in ``ids`` (e.g. a draft's forced close text)."""
+        text = self.decode(ids)
+        at = text.rfind(self.marker)
+        return text[at + len(self.marker):] if at >= 0 else ""
+
+    # -- text --------------------------------------------------------------------------------------------------------
+    def raw_answer(self) -> str:
+        """Answer text as generated (leading whitespace kept), before stop-string truncation."""
+        if self.answer_start is None:
+            return ""
+        return self.answer_residual + self.decode(self.answer_tokens)
+
+    def answer(self) -> str:
+        raw = self.raw_answer()
+        if self.finish is not None and self.finish.answer_end is not None:
+            raw = raw[: self.finish.answer_end]
+        return raw.lstrip()
+
+    def reasoning(self) -> str:
+        if self.answer_start is None and not self.reasoning_text:
+            return self.decode(self.tokens).strip()
+        return self.reasoning_text.strip()

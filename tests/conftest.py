@@ -1,0 +1,18 @@
+"""Shared fixtures: the real default model (loaded once per session) and the tiny-model helpers on sys.path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The embedded default model (Qwen2.5-Coder-0.5B-Instruct, float32 on CPU), shared with the adapters."""
+    from ssr import get_engine
+
+    return get_engine()

@@ -1,0 +1,61 @@
+"""Tool-call parsing, schema proposals and prompt rendering (no model needed beyond a tokenizer)."""
+
+from __future__ import annotations
+
+from ssr.chat import parse_tool_calls
+from ssr.schema import SchemaProposer
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string"}, "unit": {"type": "string",
+                                                                               "enum": ["c", "f"]}},
+                                          "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}},
+]
+
+
+def test_hermes_calls_several_and_content_kept():
+    text = ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+    parsed = parse_tool_calls(text, TOOLS)
+    assert [c["name"] for c in parsed.tool_calls] == ["get_weather", "get_time"]
+    assert parsed.tool_calls[0]["arguments"] == {"city": "Paris"}
+    assert parsed.content == "Sure."
+    assert len({c["id"] for c in parsed.tool_calls}) == 2 and not parsed.invalid_tool_calls
+
+
+def test_fenced_and_bare_json_calls():
+    fenced = 'Call:\n```json\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n```'
+    assert parse_tool_calls(fenced, TOOLS).tool_calls[0]["arguments"] == {"zone": "UTC"}
+    bare = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+    assert parse_tool_calls(bare, TOOLS).tool_calls[0]["name"] == "get_time"
+    assert parse_tool_calls(bare, None).tool_calls == []  # without bound tools, JSON text is just text
+
+
+def test_bad_calls_become_invalid_never_raise():
+    truncated = parse_tool_calls('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', TOOLS)
+    assert not truncated.tool_calls and "malformed" in truncated.invalid_tool_calls[0]["error"]
+    assert truncated.invalid_tool_calls[0]["name"] == "get_weather"
+    unknown = parse_tool_calls('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', TOOLS)
+    assert "unknown tool" in unknown.invalid_tool_calls[0]["error"]
+    missing = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"unit": "c"}}</tool_call>', TOOLS)
+    assert "missing required" in missing.invalid_tool_calls[0]["error"]
+    wrong = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": 3}}</tool_call>', TOOLS)
+    assert "should be string" in wrong.invalid_tool_calls[0]["error"]
+    enum = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "X", "unit": "k"}}'
+                            '</tool_call>', TOOLS)
+    assert "one of" in enum.invalid_tool_calls[0]["error"]
+
+
+def test_schema_proposals():
+    schema = SchemaProposer(TOOLS)
+    assert schema.propose("<tool_call>") == '\n{"name": "'
+    assert schema.propose('<tool_call>\n{"name": "get_w') == 'eather", "arguments": {'
+    assert schema.propose('<tool_call>\n{"name": "get_') == ""  # two tools share the prefix: nothing is fixed
+    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"ci') == 'ty": '
+    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "u') == 'nit": '
+    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == ""
+    assert schema.propose("no call here") == ""
+    assert schema.propose('<tool_call>{"name": "get_time"}</tool_call>') == ""

@@ -1,0 +1,66 @@
+"""Sampling exactness: SSR's outputs follow the model's own distribution (acceptance rules and end to end)."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from scipy.stats import chi2_contingency, chisquare
+
+from ssr import SSRConfig
+from ssr.accept import Sampler, verify
+from tiny import TINY_FAMILY, prompt_ids, tiny_engine
+
+P_THRESHOLD = 1e-3  # fixed seeds make each test deterministic; a sound test passes far above this
+
+
+def _sampler(seed=0, **kw):
+    return Sampler(SSRConfig(temperature=1.0, seed=seed, **kw))
+
+
+def test_speculative_sampling_keeps_target_distribution():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    sampler, counts = _sampler(1), collections.Counter()
+    for _ in range(20000):
+        token = sampler.draw(q)
+        accepted, nxt = verify(sampler, [token], torch.stack([p.log(), p.log()]), [q])
+        counts[token if accepted else nxt] += 1
+    observed = [counts[i] for i in range(4)]
+    assert chisquare(observed, (p * 20000).tolist()).pvalue > P_THRESHOLD
+
+
+def test_point_mass_proposals_keep_target_distribution():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    for proposed in (0, 3):
+        sampler, counts = _sampler(2), collections.Counter()
+        for _ in range(20000):
+            accepted, nxt = verify(sampler, [proposed], torch.stack([p.log(), p.log()]), None)
+            counts[proposed if accepted else nxt] += 1
+        assert chisquare([counts[i] for i in range(4)], (p * 20000).tolist()).pvalue > P_THRESHOLD
+
+
+def test_top_p_top_k_processing():
+    s = Sampler(SSRConfig(temperature=1.0, top_p=0.8, top_k=3, seed=0))
+    probs = s.probs(torch.tensor([0.5, 0.3, 0.15, 0.05]).log())
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_end_to_end_distribution_matches_plain_sampling():
+    """Tiny model, 16-token vocabulary: outputs of SSR (drafts + suffix proposals) vs plain, two-sample chi-square."""
+    engine = tiny_engine(3, attention=0.3, scale=0.6)
+    assert engine.family is TINY_FAMILY
+    base = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, max_draft_tokens=4)
+    samples = {True: collections.Counter(), False: collections.Counter()}
+    accepted = collections.Counter()
+    for enabled in (False, True):
+        for seed in range(1000):
+            r = engine.generate(prompt_ids("ab"), config=SSRConfig(enabled=enabled, seed=seed, **base))
+            samples[enabled][r.answer[:2]] += 1
+            accepted["prefix"] += r.stats["accepted_prefix_tokens"]
+            accepted["suffix"] += r.stats["accepted_suffix_tokens"]
+    assert accepted["prefix"] > 50 and accepted["suffix"] > 50, accepted  # both proposal kinds were exercised
+    keys = [k for k in samples[False] if samples[False][k] + samples[True][k] >= 10]
+    other = [sum(v for k, v in samples[m].items() if k not in keys) for m in (False, True)]
+    table = [[samples[False][k] for k in keys] + [other[0]], [samples[True][k] for k in keys] + [other[1]]]
+    assert chi2_contingency(table).pvalue > P_THRESHOLD

@@ -1,0 +1,52 @@
+"""Tool calls on the real default model: drafted early, accepted whole, identical to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssr import SSRConfig
+from test_chat import TOOLS
+
+pytestmark = pytest.mark.real_model
+
+CFG = dict(max_think_tokens=40, max_tokens=120, draft_start=8)
+QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_pair(default_engine):
+    plain = default_engine.generate(QUESTION, tools=TOOLS, config=SSRConfig(enabled=False, **CFG))
+    ssr = default_engine.generate(QUESTION, tools=TOOLS, config=SSRConfig(**CFG))
+    return plain, ssr
+
+
+def test_tool_call_identity_with_schema_proposals(tool_pair):
+    plain, ssr = tool_pair
+    assert ssr.token_ids == plain.token_ids
+    assert [c["name"] for c in ssr.tool_calls] == [c["name"] for c in plain.tool_calls] == ["get_weather"]
+    assert ssr.tool_calls[0]["arguments"] == plain.tool_calls[0]["arguments"]
+    assert ssr.finish_reason == "tool_calls"
+
+
+def test_tool_call_accepted_whole_from_draft(tool_pair):
+    _, ssr = tool_pair
+    s = ssr.stats
+    assert s["accepted_prefix_tokens"] >= s["answer_tokens"] - 1  # the whole call came from the draft
+    assert s["answer_forward_passes"] <= 2
+
+
+def test_agent_step_reuses_the_conversation_cache(default_engine, tool_pair):
+    plain, _ = tool_pair
+    call = plain.tool_calls[0]
+    follow = QUESTION + [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call["id"], "type": "function",
+                                                             "function": {"name": call["name"],
+                                                                          "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": "18 C, light rain"},
+    ]
+    warm = default_engine.generate(follow, tools=TOOLS, config=SSRConfig(**CFG))
+    default_engine.backend.release_all()
+    cold = default_engine.generate(follow, tools=TOOLS, config=SSRConfig(**CFG))
+    assert warm.token_ids == cold.token_ids
+    assert cold.stats["reused_prompt_tokens"] == 0
+    assert warm.stats["reused_prompt_tokens"] > 100  # system prompt, demonstration and question came from cache

@@ -1,0 +1,54 @@
+"""Tiny random models built in code, with a tiny vocabulary, for fast exactness tests.
+
+The vocabulary holds single characters plus "</think>", "Wait" and an end token, so a random model closes its
+thinking, hits EOS and writes stop strings by chance, and every path of the engine gets exercised in milliseconds.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from ssr.backends.transformers import TransformersBackend
+from ssr.chat import ChatFamily
+from ssr.engine import SSREngine
+
+VOCAB = ["<eos>", "</think>", "Wait", "\n", " ", "a", "b", "c", "d", "e", "f", "g", "h", "x", "y", "z"]
+TINY_FAMILY = ChatFamily(name="tiny", close_text="\n</think>\n", continue_text="Wait", think_prefill="")
+
+
+def tiny_tokenizer(vocab: list[str] = VOCAB) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="x"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("</think>|Wait|<eos>|\\n|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="x")
+
+
+def tiny_model(seed: int, vocab_size: int = len(VOCAB), attention: float = 1.0, scale: float = 0.3,
+               layers: int = 2) -> Qwen2ForCausalLM:
+    """A random Qwen2 (head_dim 32). ``attention=0`` zeroes attention outputs: the model becomes a bigram model,
+    so a draft continues exactly like the verifier would (full acceptance); ``scale`` sharpens the logits."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         initializer_range=scale, tie_word_embeddings=False, eos_token_id=0, pad_token_id=0,
+                         bos_token_id=0)
+    model = Qwen2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(attention)
+    return model
+
+
+def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, **config) -> SSREngine:
+    from ssr import SSRConfig
+
+    tokenizer = tiny_tokenizer()
+    backend = TransformersBackend(tiny_model(seed, attention=attention, scale=scale), "tiny", {0}, 0)
+    backend.tokenizer = tokenizer
+    return SSREngine(backend, tokenizer, config=SSRConfig(**config), family=TINY_FAMILY, model_name=f"tiny-{seed}")
+
+
+def prompt_ids(text: str = "abc\nde") -> list[int]:
+    return tiny_tokenizer().encode(text, add_special_tokens=False)
