@@ -6,6 +6,8 @@ is exactly what the model alone would produce: greedy token for token, sampling 
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 
 from .config import SSRConfig
@@ -20,7 +22,7 @@ class Sampler:
         self.top_k = config.top_k
         self.top_p = config.top_p
         self.generator = torch.Generator()
-        self.generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+        self.generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Distribution(s) after temperature, top-k and top-p; works on ``[V]`` or ``[n, V]``."""

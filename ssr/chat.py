@@ -100,7 +100,7 @@ def tool_instruction(tool_choice: str | None, tools: list[dict[str, Any]] | None
 # -- tool-call parsing --------------------------------------------------------------------------------------------
 
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FENCED = re.compile(r"```(?:json|tool_call)?\s*\n(.*?)```", re.DOTALL)
+_FENCED = re.compile(r"```[\w-]*\s*\n(.*?)```", re.DOTALL)  # any fence language: small models mislabel
 
 
 @dataclass

@@ -75,7 +75,7 @@ def test_every_path_was_exercised(outcomes):
     seen = collections.Counter()
     for name, _, plain, ssr in outcomes:
         s = ssr.stats
-        seen["closed_by_" + s["think_closed_by"]] += 1
+        seen[f"closed_by_{s['think_closed_by']}"] += 1
         seen["prefix_full"] += any(d["accepted_prefix"] == d["length"] > 0 for d in s["drafts"][-1:])
         seen["prefix_partial"] += any(0 < d["accepted_prefix"] < d["length"] for d in s["drafts"])
         seen["prefix_rejected_first"] += bool(s["drafts"]) and s["accepted_prefix_tokens"] == 0 and \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
@@ -46,21 +47,44 @@ def test_top_p_top_k_processing():
     assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
-def test_end_to_end_distribution_matches_plain_sampling():
-    """Tiny model, 16-token vocabulary: outputs of SSR (drafts + suffix proposals) vs plain, two-sample chi-square."""
+BASE = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, max_draft_tokens=4)
+VARIANTS = {  # each SSR variant exercises one kind of proposal
+    "draft-prefix": dict(suffix_decoding=False),
+    "suffix-point-mass": dict(max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0),
+}
+N = 800
+
+
+def _sample(engine, **overrides):
+    outputs, accepted = collections.Counter(), collections.Counter()
+    for seed in range(N):
+        r = engine.generate(prompt_ids("ab"), config=SSRConfig(seed=seed, **BASE, **overrides))
+        outputs[r.answer[:3]] += 1
+        accepted["prefix"] += r.stats["accepted_prefix_tokens"]
+        accepted["suffix"] += r.stats["accepted_suffix_tokens"]
+        accepted["tried"] += r.stats["proposals_tried"]
+    return outputs, accepted
+
+
+@pytest.fixture(scope="module")
+def tiny_sampling():
     engine = tiny_engine(3, attention=0.3, scale=0.6)
     assert engine.family is TINY_FAMILY
-    base = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, max_draft_tokens=4)
-    samples = {True: collections.Counter(), False: collections.Counter()}
-    accepted = collections.Counter()
-    for enabled in (False, True):
-        for seed in range(1000):
-            r = engine.generate(prompt_ids("ab"), config=SSRConfig(enabled=enabled, seed=seed, **base))
-            samples[enabled][r.answer[:2]] += 1
-            accepted["prefix"] += r.stats["accepted_prefix_tokens"]
-            accepted["suffix"] += r.stats["accepted_suffix_tokens"]
-    assert accepted["prefix"] > 50 and accepted["suffix"] > 50, accepted  # both proposal kinds were exercised
-    keys = [k for k in samples[False] if samples[False][k] + samples[True][k] >= 10]
-    other = [sum(v for k, v in samples[m].items() if k not in keys) for m in (False, True)]
-    table = [[samples[False][k] for k in keys] + [other[0]], [samples[True][k] for k in keys] + [other[1]]]
+    return engine, _sample(engine, enabled=False)[0]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_end_to_end_distribution_matches_plain_sampling(tiny_sampling, variant):
+    """Tiny model, 16-token vocabulary: SSR's sampled answers vs plain sampling, two-sample chi-square."""
+    engine, plain = tiny_sampling
+    ssr, accepted = _sample(engine, **VARIANTS[variant])
+    if variant == "draft-prefix":
+        assert accepted["prefix"] > N // 10, accepted  # drafts really were accepted (and rejected) often
+    else:  # point-mass proposals were tried often: rejections exercise the recovery rule
+        assert accepted["tried"] > N // 2 and accepted["suffix"] > 0, accepted
+    keys = [k for k in plain if plain[k] + ssr[k] >= 10]
+    rest = [sum(v for k, v in c.items() if k not in keys) for c in (plain, ssr)]
+    table = [[plain[k] for k in keys] + rest[:1], [ssr[k] for k in keys] + rest[1:]]
+    if sum(rest) == 0:
+        table = [row[:-1] for row in table]
     assert chi2_contingency(table).pvalue > P_THRESHOLD

@@ -1,0 +1,344 @@
+"""Backend over an OpenAI-compatible vLLM server (``vllm serve``), standard library only.
+
+Each ``step`` is ONE HTTP call to ``/v1/completions`` whose ``prompt`` is a list of token-id prompts, one per lane
+(plus, for verification, one per extra wanted position), each with ``max_tokens=1`` and ``logprobs=K``. vLLM submits
+the prompts of one call together, so its scheduler batches them into one engine step; automatic prefix caching
+(on by default) serves every full KV block a lane already computed, so a step recomputes only the lane's last
+partial block and the fed tokens. The server keeps no state for us: fork, truncate and release are list operations
+here, and a cancelled request simply stops stepping.
+
+Why not streaming: a step wants one token's logits per lane, so a stream would carry one event; and vLLM refuses
+``prompt_logprobs`` on streams. vLLM aborts a request when its client disconnects, so closing the connection of a
+call in flight (``close()``, or a timeout) cancels its work on the server.
+
+Logits: vLLM returns top-K scores per position (K = ``logprobs``; the server's ``--max-logprobs`` bounds it; -1
+asks for the full vocabulary, which also needs ``--max-logprobs -1`` and is slow over JSON). The other entries of a
+row are ``-inf``. Greedy decoding needs only the top-1 and is exact; sampling from top-K scores samples from the
+top-K renormalised (exact only with the full vocabulary). Start the server with ``--logprobs-mode raw_logits`` to
+get raw logits (with the default mode the scores are log-probabilities, which give the same argmax and softmax).
+
+Errors raise ``SSRBackendError`` subclasses: ``SSRBackendConnectionError`` (refused / reset / unreachable),
+``SSRBackendTimeout``, ``SSRBackendServerError`` (HTTP error status, or a malformed answer).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+
+
+class SSRBackendError(RuntimeError):
+    """A backend failed to run a step (the request cannot go on)."""
+
+
+class SSRBackendUnavailable(SSRBackendError):
+    """The backend cannot be used here (a package is missing, or the server is not a vLLM server)."""
+
+
+class SSRBackendConnectionError(SSRBackendError):
+    """The inference server could not be reached (refused, reset, unreachable)."""
+
+
+class SSRBackendTimeout(SSRBackendError):
+    """The inference server did not answer within the timeout."""
+
+
+class SSRBackendServerError(SSRBackendError):
+    """The inference server answered with an error status or a malformed body."""
+
+    def __init__(self, message: str, status: int | None = None, body: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class _Lane:
+    tokens: list[int] = field(default_factory=list)
+
+
+class _Http:
+    """One keep-alive connection per thread to ``base_url``."""
+
+    def __init__(self, base_url: str, timeout: float, api_key: str | None) -> None:
+        parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"base_url must be http(s)://host:port[/v1], got {base_url!r}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname or "127.0.0.1", parts.port
+        path = parts.path.rstrip("/")
+        self.prefix = path[: -len("/v1")] if path.endswith("/v1") else path
+        self.timeout = timeout
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.base_url = f"{self.scheme}://{self.host}{':' + str(self.port) if self.port else ''}{self.prefix}"
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=self.timeout)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def request(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
+        body = None if payload is None else json.dumps(payload).encode()
+        url = f"{self.prefix}{path}"
+        for attempt in (0, 1):
+            conn = self._conn()
+            conn.timeout = timeout or self.timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(conn.timeout)
+            try:
+                conn.request(method, url, body=body, headers=self.headers)
+                response = conn.getresponse()
+                data = response.read()
+                status = response.status
+                break
+            except (socket.timeout, TimeoutError) as exc:
+                self._drop()  # closing the connection makes vLLM abort the request in flight
+                raise SSRBackendTimeout(f"{self.base_url}{path}: no answer within {conn.timeout:g}s") from exc
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._drop()
+                if attempt == 0:  # a stale keep-alive connection: retry once on a fresh one
+                    continue
+                raise SSRBackendConnectionError(f"{self.base_url}{path}: connection lost ({exc})") from exc
+            except (ConnectionRefusedError, OSError, http.client.HTTPException) as exc:
+                self._drop()
+                raise SSRBackendConnectionError(f"cannot reach the vLLM server at {self.base_url}: {exc}") from exc
+        text = data.decode("utf-8", "replace")
+        if status >= 400:
+            message = text
+            try:
+                err = json.loads(text)
+                message = (err.get("error") or {}).get("message") or err.get("message") or err.get("detail") or text
+            except (ValueError, AttributeError):
+                pass
+            raise SSRBackendServerError(f"{self.base_url}{path}: HTTP {status}: {message}", status, text)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise SSRBackendServerError(f"{self.base_url}{path}: not JSON: {text[:200]!r}", status, text) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _token_id(key: str) -> int:
+    """Keys of ``top_logprobs`` with ``return_tokens_as_token_ids``: "token_id:123"."""
+    return int(key.rsplit(":", 1)[1]) if ":" in key else int(key)
+
+
+class VLLMServerBackend:
+    """``Backend`` over a running vLLM OpenAI-compatible server.
+
+    ``model_path``: a local copy of the model (for the tokenizer and config); ``base_url``: the server
+    (``http://host:port`` or ``.../v1``); ``served_model``: the server's model id (default: the first it lists);
+    ``logprobs``: top-K scores per position (-1: all); ``timeout``: seconds per HTTP call.
+    """
+
+    def __init__(self, model_path: str, model_name: str | None = None, *, base_url: str = "http://127.0.0.1:8000",
+                 served_model: str | None = None, logprobs: int = 20, timeout: float = 120.0,
+                 api_key: str | None = None, prompt_logprobs_max_tokens: int = 256, **unused: Any) -> None:
+        if unused:
+            raise TypeError(f"vllm-server backend got unknown argument(s) {sorted(unused)}")
+        if logprobs == 0 or logprobs < -1:
+            raise ValueError(f"logprobs must be >= 1 or -1 (full vocabulary), got {logprobs}")
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.http = _Http(base_url, timeout, api_key or os.environ.get("VLLM_API_KEY"))
+        self.model_path = model_path
+        self.model_name = model_name or os.path.basename(os.path.normpath(model_path))
+        self.logprobs = logprobs
+        self.logits_topk: int | None = None if logprobs == -1 else logprobs
+        self.prompt_logprobs_max_tokens = prompt_logprobs_max_tokens
+        models = self.http.request("GET", "/v1/models", timeout=min(timeout, 30.0))
+        listed = models.get("data") or []
+        if not listed:
+            raise SSRBackendUnavailable(f"the server at {self.http.base_url} lists no models")
+        entry = next((m for m in listed if m.get("id") == served_model), None) if served_model else listed[0]
+        if entry is None:
+            raise SSRBackendUnavailable(f"the server at {self.http.base_url} does not serve {served_model!r}; it "
+                                        f"serves {[m.get('id') for m in listed]}")
+        self.served_model = entry["id"]
+        self.config = AutoConfig.from_pretrained(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.vocab_size = int(getattr(self.config, "vocab_size", None) or len(self.tokenizer))
+        self.context_window = int(entry.get("max_model_len") or getattr(self.config, "max_position_embeddings", 4096))
+        eos: set[int] = set()
+        ids = getattr(self.config, "eos_token_id", None)
+        eos.update([ids] if isinstance(ids, int) else ids or [])
+        try:
+            from transformers import GenerationConfig
+
+            ids = GenerationConfig.from_pretrained(model_path).eos_token_id
+            eos.update([ids] if isinstance(ids, int) else ids or [])
+        except Exception:  # noqa: BLE001 - optional file
+            pass
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self._lanes: dict[int, _Lane] = {}
+        self._next = 0
+        self.calls = 0  # HTTP step calls made
+
+    # -- lanes (client-side only: the server's prefix cache holds the KV) ------------------------------------------
+    def new_lane(self, prefix: list[int] | None = None) -> int:
+        """An empty lane: the server's prefix cache already reuses whatever of ``prefix`` it computed before."""
+        self._lanes.clear()
+        return self._add(_Lane())
+
+    def park(self, lane: int) -> None:
+        """End of request: nothing is held here (the server's prefix cache keeps the KV blocks)."""
+        self._lanes.clear()
+
+    def fork(self, parent: int) -> int:
+        return self._add(_Lane(list(self._lanes[parent].tokens)))
+
+    def length(self, lane: int) -> int:
+        return len(self._lanes[lane].tokens)
+
+    def truncate(self, lane: int, length: int) -> None:
+        del self._lanes[lane].tokens[length:]
+
+    def release(self, lane: int) -> None:
+        self._lanes.pop(lane)
+
+    def release_all(self) -> None:
+        self._lanes.clear()
+
+    @property
+    def live_lanes(self) -> int:
+        return len(self._lanes)
+
+    def view(self) -> "VLLMServerBackend":
+        """Another backend on the same server and connection pool with its own lanes (one per concurrent request)."""
+        other = object.__new__(VLLMServerBackend)
+        other.__dict__.update(self.__dict__)
+        other._lanes, other._next, other.calls = {}, 0, 0
+        return other
+
+    def close(self) -> None:
+        self._lanes.clear()
+        self.http.close()
+
+    # -- one step: one HTTP call, one batch on the server -------------------------------------------------------------
+    def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
+        want = want or {}
+        prompts: list[list[int]] = []
+        plan: list[tuple[int, int, int, bool]] = []  # (lane, first prompt index, rows, rows via prompt_logprobs)
+        use_prompt_logprobs = False
+        for lane_id, feed in feeds.items():
+            state = self._lanes[lane_id]
+            if not feed:
+                raise ValueError(f"step(): lane {lane_id} was fed no tokens")
+            rows = want.get(lane_id, len(feed))
+            if not 1 <= rows <= len(feed):
+                raise ValueError(f"step(): want[{lane_id}]={rows} must be in 1..{len(feed)}")
+            full = state.tokens + feed
+            if len(full) >= self.context_window:
+                raise SSRBackendError(f"lane {lane_id} would hold {len(full)} tokens, at or over the server's "
+                                      f"max_model_len of {self.context_window}")
+            # several rows: prompt logprobs recompute the whole prompt (vLLM skips the prefix cache for them), so
+            # only short lanes use them; longer lanes send one prompt per row, each served from the prefix cache
+            via_prompt = rows > 1 and len(full) <= self.prompt_logprobs_max_tokens
+            plan.append((lane_id, len(prompts), rows, via_prompt))
+            if rows == 1 or via_prompt:
+                prompts.append(full)
+                use_prompt_logprobs |= via_prompt
+            else:
+                for j in range(rows):
+                    prompts.append(full[: len(full) - rows + 1 + j])
+        for lane_id, feed in feeds.items():
+            self._lanes[lane_id].tokens.extend(feed)
+        payload = {
+            "model": self.served_model, "prompt": prompts if len(prompts) > 1 else prompts[0], "max_tokens": 1,
+            "temperature": 0.0, "logprobs": self.logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False, "stream": False,
+        }
+        if use_prompt_logprobs:
+            payload["prompt_logprobs"] = self.logprobs
+        try:
+            answer = self.http.request("POST", "/v1/completions", payload)
+        except BaseException:
+            for lane_id, feed in feeds.items():  # the step did not happen: the lanes stay as they were
+                del self._lanes[lane_id].tokens[len(self._lanes[lane_id].tokens) - len(feed):]
+            raise
+        self.calls += 1
+        choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != len(prompts):
+            raise SSRBackendServerError(f"asked for {len(prompts)} completions, got {len(choices)}", None,
+                                        json.dumps(answer)[:2000])
+        out: dict[int, torch.Tensor] = {}
+        for lane_id, first, rows, via_prompt in plan:
+            if via_prompt:
+                prompt_rows = choices[first].get("prompt_logprobs")
+                if not prompt_rows:
+                    raise SSRBackendServerError("the server returned no prompt_logprobs")
+                # prompt_logprobs[i] scores prompt token i given the tokens before it: row for position p is i=p+1
+                wanted = prompt_rows[len(prompts[first]) - rows + 1:]
+                dense = [self._row_from_prompt(r) for r in wanted] + [self._row_from_sample(choices[first])]
+            elif rows == 1:
+                dense = [self._row_from_sample(choices[first])]
+            else:
+                dense = [self._row_from_sample(choices[first + j]) for j in range(rows)]
+            out[lane_id] = torch.stack(dense)
+        return out
+
+    def _row_from_sample(self, choice: dict) -> torch.Tensor:
+        lp = choice.get("logprobs") or {}
+        top = (lp.get("top_logprobs") or [None])[0]
+        row = torch.full((self.vocab_size,), float("-inf"))
+        if top:
+            for key, value in top.items():
+                self._put(row, _token_id(key), value)
+        tokens, values = lp.get("tokens") or [], lp.get("token_logprobs") or []
+        if tokens and values and values[0] is not None:
+            self._put(row, _token_id(tokens[0]), values[0])
+        if not torch.isfinite(row).any():
+            raise SSRBackendServerError("the server returned no logprobs for a step", None, json.dumps(choice)[:2000])
+        return row
+
+    def _row_from_prompt(self, entry: dict | None) -> torch.Tensor:
+        row = torch.full((self.vocab_size,), float("-inf"))
+        for key, info in (entry or {}).items():
+            value = info.get("logprob") if isinstance(info, dict) else info
+            self._put(row, _token_id(key), value)
+        if not torch.isfinite(row).any():
+            raise SSRBackendServerError("the server returned an empty prompt_logprobs row")
+        return row
+
+    def _put(self, row: torch.Tensor, token: int, value) -> None:
+        if value is not None and 0 <= token < self.vocab_size:
+            row[token] = float(value)
+
+    def _add(self, lane: _Lane) -> int:
+        lane_id = self._next
+        self._next += 1
+        self._lanes[lane_id] = lane
+        return lane_id

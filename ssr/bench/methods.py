@@ -1,0 +1,176 @@
+"""The methods compared: named ``SSRConfig`` variants of one engine, plus transformers' prompt lookup decoding.
+
+Every method of a suite starts from the same base config (budgets: ``max_think_tokens``, ``min_think_tokens``,
+``draft_start``, ``max_tokens``, ...), so outputs are comparable token for token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ssr.config import SSRConfig
+
+PLAIN = "plain"
+PROMPT_LOOKUP = "prompt-lookup"
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
+DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
+# methods that must reproduce plain decoding's token ids exactly (greedy); prompt-lookup is compared too, but it
+# cannot replay the engine's forced text (budget forcing), so it is expected to match only where none was forced
+EXACT = ("suffix", "ssr-prefix", "ssr", "ssr-iterative")
+PROMPT_LOOKUP_TOKENS = 10
+
+DESCRIPTIONS = {
+    "plain": "plain greedy decoding through the same backend (SSRConfig(enabled=False))",
+    "suffix": "peer: suffix decoding over prompt, thinking and own output, no drafts",
+    "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals)",
+    "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer",
+    "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
+    "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
+                     "max_new_tokens = plain's output length",
+}
+
+
+def iterative_interval(base: SSRConfig) -> int:
+    """draft_interval for ``ssr-iterative`` when the base config sets none: about three drafts over the budget."""
+    if base.draft_interval:
+        return base.draft_interval
+    span = max(base.max_think_tokens - base.draft_start, 1)
+    return max(8, span // 3)
+
+
+def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
+    """The config of method ``name`` derived from ``base`` (None for prompt-lookup, which bypasses the engine)."""
+    if name == "plain":
+        return base.override(enabled=False)
+    if name == "suffix":
+        return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
+                             suffix_sources=("prompt", "thinking", "answer"))
+    if name == "ssr-prefix":
+        return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1))
+    if name == "ssr":
+        return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
+                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             max_drafts=max(base.max_drafts, 1))
+    if name == "ssr-iterative":
+        return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
+                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             draft_interval=iterative_interval(base), max_drafts=max(base.max_drafts, 2),
+                             bootstrap_drafts=True)
+    if name == "prompt-lookup":
+        return None
+    raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+
+
+def parse_methods(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """A comma list (or list) of method names, ``plain`` always first (the others compare against it)."""
+    if spec is None:
+        names = list(DEFAULT_METHODS)
+    elif isinstance(spec, str):
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+    else:
+        names = [s.strip() for part in spec for s in str(part).split(",") if s.strip()]
+    if names == ["all"]:
+        names = list(METHODS)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    out = [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
+    return out
+
+
+def token_hash(ids: list[int]) -> str:
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Outcome:
+    """One generation, whatever ran it."""
+
+    token_ids: list[int]
+    answer: str
+    tool_calls: list[dict[str, Any]]
+    latency_s: float
+    ttfa_s: float | None  # wall time to the first answer text
+    stats: dict[str, Any]
+    finish_reason: str | None = None
+    reasoning: str = ""
+
+
+def forced_sequences(engine) -> list[list[int]]:
+    """Token ids of the text the engine forces (budget forcing): the close text and the "continue" text."""
+    family = getattr(engine, "family", None)
+    out = []
+    for text in (getattr(family, "close_text", None), getattr(family, "continue_text", None)):
+        if text:
+            try:
+                out.append(list(engine.tokenizer.encode(text, add_special_tokens=False)))
+            except Exception:  # noqa: BLE001
+                pass
+    return [s for s in out if s]
+
+
+def diverged_at_forced_text(plain_ids: list[int], at: int | None, forced: list[list[int]]) -> bool:
+    """Whether plain's tokens at ``at`` start a forced sequence (text generate() cannot produce by itself)."""
+    if at is None:
+        return False
+    return any(seq and plain_ids[at: at + len(seq)] == seq for seq in forced)
+
+
+def run_engine(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
+    """One generation of ``item`` on the engine with ``config``; wall time measured around the whole call."""
+    t0 = time.perf_counter()
+    ttfa = None
+    result = None
+    for event in engine.stream(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"),
+                               config=config):
+        if event.kind == "answer" and ttfa is None and event.text:
+            ttfa = time.perf_counter() - t0
+        elif event.kind == "done":
+            result = event.result
+    latency = time.perf_counter() - t0
+    assert result is not None
+    return Outcome(token_ids=list(result.token_ids), answer=result.answer, tool_calls=list(result.tool_calls),
+                   latency_s=latency, ttfa_s=ttfa, stats=dict(result.stats), finish_reason=result.finish_reason,
+                   reasoning=result.reasoning)
+
+
+def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
+                      num_tokens: int = PROMPT_LOOKUP_TOKENS) -> Outcome:
+    """transformers' own prompt lookup decoding on the engine's prompt ids (greedy, ``max_new_tokens``)."""
+    import torch
+
+    model = engine.backend.model
+    ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
+    eos = sorted(getattr(engine.backend, "eos_token_ids", []) or [])
+    pad = getattr(engine.backend, "pad_token_id", None)
+    kwargs: dict[str, Any] = {"max_new_tokens": max(1, max_new_tokens), "do_sample": False,
+                              "prompt_lookup_num_tokens": num_tokens,
+                              "attention_mask": torch.ones_like(input_ids)}
+    if eos:
+        kwargs["eos_token_id"] = eos
+    if pad is not None:
+        kwargs["pad_token_id"] = pad
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
+    latency = time.perf_counter() - t0
+    new = out[0, len(ids):].tolist()
+    text = engine.tokenizer.decode(new, skip_special_tokens=True)
+    # split reasoning/answer the way the engine's transcript does, by the close marker
+    marker = getattr(getattr(engine, "family", None), "think_close", "</think>")
+    answer = text.split(marker, 1)[1].lstrip() if marker in text else ""
+    tool_calls: list[dict[str, Any]] = []
+    if item.get("tools") and answer:
+        try:
+            from ssr.chat import parse_tool_calls
+
+            tool_calls = parse_tool_calls(answer, item["tools"]).tool_calls
+        except Exception:  # noqa: BLE001 - scoring only
+            tool_calls = []
+    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=latency, ttfa_s=None,
+                   stats={"answer_tokens": None, "new_tokens": len(new)}, finish_reason=None)
