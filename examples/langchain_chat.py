@@ -36,8 +36,9 @@ def get_weather(city: str) -> str:
 def print_stats(message) -> None:
     stats = message.response_metadata["ssr"]
     usage = message.usage_metadata
+    finish = message.response_metadata["finish_reason"]
     print(f"\n{DIM}tokens: {usage['input_tokens']} in, {usage['output_tokens']} out "
-          f"({usage['output_token_details']['reasoning']} thinking); finish: {message.response_metadata['finish_reason']}")
+          f"({usage['output_token_details']['reasoning']} thinking); finish: {finish}")
     print(f"SSR: {len(stats['drafts'])} draft(s), {stats['accepted_tokens']} answer tokens accepted from proposals "
           f"in {stats['verify_passes']} verify pass(es); forward passes {stats['forward_passes']} "
           f"(plain decoding: {stats['plain_forward_passes']}, saved {stats['forward_passes_saved']}); "
@@ -81,6 +82,8 @@ def main() -> None:
     for _ in range(3):
         reply = with_tools.invoke(messages)
         messages.append(reply)
+        if reasoning := reply.additional_kwargs.get("reasoning_content"):
+            print(f"{DIM}[thinking] {reasoning}{RESET}")
         for call in reply.tool_calls:
             print(f"{DIM}[tool call] {call['name']}({call['args']}){RESET}")
             result = get_weather.invoke(call)
@@ -90,7 +93,7 @@ def main() -> None:
             print(f"{DIM}[invalid tool call] {bad['name']}: {bad['error']}{RESET}")
         if not reply.tool_calls:
             break
-    print(messages[-1].text)
+    print(messages[-1].text or f"{DIM}(no answer after the thinking){RESET}")
     print_stats(messages[-1])
 
 

@@ -74,7 +74,8 @@ class Request:
                        "proposals_accepted": 0, "draft_tokens": 0}
         self.accepted_by_source: dict[str, int] = {}
         self.seconds = {"prefill": 0.0, "think": 0.0, "answer": 0.0}
-        self.first_answer_at: float | None = None
+        self.think_end_at: float | None = None
+        self.first_answer_at: float | None = None  # when the first answer text was final (streamed)
         self.start = 0.0
         self._streamed_reasoning = 0
         self._streamed_answer = 0
@@ -210,7 +211,7 @@ class Request:
     def _start_answer(self) -> None:
         for draft in list(self.live):
             self._retire(draft)
-        self.first_answer_at = time.perf_counter()
+        self.think_end_at = time.perf_counter()
         if not self.config.enabled:
             return
         usable = [d for d in self.drafts if d.tokens]
@@ -327,6 +328,8 @@ class Request:
             answer = answer[: len(answer) - hold] if hold else answer
             answer = answer[:-1] if answer.endswith("\ufffd") else answer
         if len(answer) > self._streamed_answer:
+            if self.first_answer_at is None:
+                self.first_answer_at = time.perf_counter()
             yield "answer", answer[self._streamed_answer:]
             self._streamed_answer = len(answer)
 
@@ -361,6 +364,7 @@ class Request:
             "plain_forward_passes": t.sampled,
             "forward_passes_saved": t.sampled - c["forward_passes"],
             "seconds": {**{k: round(v, 4) for k, v in self.seconds.items()}, "total": round(total, 4)},
+            "time_to_think_end": round(self.think_end_at - self.start, 4) if self.think_end_at else None,
             "time_to_first_answer_token": (round(self.first_answer_at - self.start, 4)
                                            if self.first_answer_at is not None else None),
         }

@@ -116,7 +116,8 @@ class _SharedEngine:
         if on_cpu:
             args.setdefault("block_size", 32)  # the smallest the CPU attention takes: smallest recompute on fork
         max_len = args.get("max_model_len")
-        args.setdefault("max_num_batched_tokens", max(4096, max_len or 0))
+        # one step takes every lane's feed at once; a longer prefill is split over steps (still exact)
+        args.setdefault("max_num_batched_tokens", max(4096, min(max_len or 0, 8192)))
         args["logprobs_mode"] = "raw_logits"
         args["max_logprobs"] = -1  # a bound only: each backend (view) asks for its own top-K or the full vocabulary
         args["async_scheduling"] = False  # each step's outputs must be final when get_output returns

@@ -2,6 +2,7 @@
 
     python -m ssr.backends.vllm_bench --model PATH [--methods native,plain,ssr,ngram,suffix] [--prompts 2]
     python -m ssr.backends.vllm_bench --model PATH --overhead      # per-step cost of the backend's mechanisms
+    python -m ssr.backends.vllm_bench --model PATH --interleaved   # native / plain / SSR alternating, one process
 
 Each method runs in its own subprocess (one vLLM engine per process), the same prompts, float32, greedy:
 
@@ -145,6 +146,45 @@ def run_overhead(args) -> None:
     b.close()
 
 
+def run_interleaved(args) -> None:
+    """native, plain and SSR in ONE process, alternating per prompt, so shared-CPU load hits them alike."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ssr import SSREngine
+
+    cfg, SSRConfig = _config(args)
+    engine = SSREngine.from_pretrained(model=args.model, backend="vllm", enforce_eager=args.eager, **ENGINE)
+    llm = engine.backend.llm
+    engine.generate(PROMPTS[0], config=SSRConfig(enabled=False, **{**cfg, "max_tokens": 8}))
+    totals = {"native": 0.0, "plain": 0.0, "ssr": 0.0}
+    for i, prompt in enumerate(PROMPTS[: args.prompts]):
+        for rep in range(args.reps):
+            t0 = time.perf_counter()
+            plain = engine.generate(prompt, config=SSRConfig(enabled=False, **cfg))
+            tp = time.perf_counter() - t0
+            ids = engine.encode(prompt)
+            params = SamplingParams(max_tokens=len(plain.token_ids), temperature=0.0, ignore_eos=True, detokenize=False)
+            t0 = time.perf_counter()
+            llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+            tn = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ssr = engine.generate(prompt, config=SSRConfig(**cfg))
+            ts = time.perf_counter() - t0
+            totals["native"] += tn
+            totals["plain"] += tp
+            totals["ssr"] += ts
+            print(json.dumps({"prompt": i, "rep": rep, "tokens": len(plain.token_ids), "native_s": round(tn, 2),
+                              "plain_s": round(tp, 2), "ssr_s": round(ts, 2),
+                              "identical": ssr.token_ids == plain.token_ids,
+                              "think": ssr.stats["think_tokens"], "answer": ssr.stats["answer_tokens"],
+                              "ssr_passes": ssr.stats["forward_passes"], "plain_passes": plain.stats["forward_passes"],
+                              "accepted": ssr.stats["accepted_tokens"]}), flush=True)
+    print(json.dumps({"plain_vs_native": round(totals["plain"] / totals["native"], 3),
+                      "ssr_vs_native": round(totals["ssr"] / totals["native"], 3),
+                      "ssr_vs_plain": round(totals["ssr"] / totals["plain"], 3)}), flush=True)
+
+
 def drive(args) -> None:
     """Run every method in its own process and print the ratios."""
     import tempfile
@@ -201,12 +241,15 @@ def main() -> None:
     p.add_argument("--draft-start", type=int, default=16)
     p.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile warm-up)")
     p.add_argument("--overhead", action="store_true")
+    p.add_argument("--interleaved", action="store_true", help="native/plain/ssr alternating in one process")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.overhead:
         run_overhead(args)
+    elif args.interleaved:
+        run_interleaved(args)
     elif args.method in ("plain", "ssr"):
         run_engine_method(args)
     elif args.method:

@@ -36,9 +36,9 @@ def get_time(city: str, utc: bool = False) -> str:
     return "12:00"
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
-                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                            "required": ["city"]}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 class Person(BaseModel):
@@ -363,7 +363,8 @@ def test_stream_tool_calls_merge_like_invoke(engine, output_version):
     chunks = list(llm.stream("Weather and time?"))
     assert not any("<tool_call>" in c.text or "```" in c.text for c in chunks)  # markup never streams as text
     streamed = collect(chunks)
-    assert without_index(streamed.content, ("index", "id")) == without_index(invoked.content, ("id",))  # ids: new each run
+    # (tool-call ids are new on every run)
+    assert without_index(streamed.content, ("index", "id")) == without_index(invoked.content, ("id",))
     assert streamed.text == "Let me check."
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(c["name"], c["args"]) for c in invoked.tool_calls]
     assert all(c["id"] for c in streamed.tool_calls)
@@ -451,7 +452,8 @@ def test_sampling_settings_are_passed_to_the_engine(engine, monkeypatch):
     llm = scripted(engine, "ok", temperature=0.7, top_p=0.9, top_k=20, seed=3, max_tokens=99, ssr_config=CONFIG)
     llm.invoke("hi", max_tokens=50)
     assert seen["config"] is CONFIG
-    assert (seen["temperature"], seen["top_p"], seen["top_k"], seen["seed"], seen["max_tokens"]) == (0.7, 0.9, 20, 3, 50)
+    sampling = (seen["temperature"], seen["top_p"], seen["top_k"], seen["seed"], seen["max_tokens"])
+    assert sampling == (0.7, 0.9, 20, 3, 50)
 
 
 # -- structured output --------------------------------------------------------------------------------------------
@@ -537,3 +539,19 @@ def test_real_model_agent_loop(real_llm):
     assert isinstance(final, AIMessage) and not final.tool_calls
     assert final.content.strip()
     assert any(isinstance(m, ToolMessage) for m in messages)
+
+
+def test_stream_events_v3_with_reasoning_and_tool_calls(engine):
+    from langchain_tests.utils.stream_lifecycle import assert_valid_event_stream
+
+    answer = "Let me check.\n" + _call("get_weather", city="Paris")
+    llm = scripted(engine, answer).bind_tools([get_weather])
+    stream = llm.stream_events("Weather?", version="v3")
+    events = list(stream)
+    assert_valid_event_stream(events)
+    starts = [e["content"]["type"] for e in events if e["event"] == "content-block-start"]
+    assert starts == ["reasoning", "text", "tool_call_chunk"]
+    message = stream.output
+    assert [b["type"] for b in message.content_blocks] == ["reasoning", "text", "tool_call"]
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert message.text == "Let me check."

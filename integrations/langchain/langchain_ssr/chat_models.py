@@ -347,10 +347,10 @@ class ChatSSR(BaseChatModel):
     ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
         """Answers parsed into ``schema`` (a pydantic class, TypedDict or JSON schema).
 
-        ``method="function_calling"`` forces a call to a tool shaped like the schema (best with small models, whose
-        chat templates are trained on tool calls); ``"json_schema"`` asks for a JSON answer that follows the schema;
-        ``"json_mode"`` asks for a JSON answer and leaves the keys to the prompt. No constrained decoding is done:
-        the model writes the JSON, ``strict`` is accepted and passed on to the tool schema only.
+        ``method="function_calling"`` forces a call to a tool shaped like the schema; ``"json_schema"`` asks (in the
+        last user turn) for a JSON answer that follows the schema; ``"json_mode"`` asks for a JSON answer and leaves
+        the keys to the prompt. No constrained decoding is done: the model writes the JSON, and ``strict`` is only
+        passed on to the tool schema. Small models often do better with ``"json_schema"`` than with tool calls.
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
