@@ -109,7 +109,7 @@ def comparable_metadata(message) -> dict:
     """response_metadata without wall-clock fields (two runs never take the same time)."""
     meta = dict(message.response_metadata)
     stats = dict(meta.pop("ssr"))
-    for key in ("seconds", "time_to_first_answer_token"):
+    for key in ("seconds", "time_to_think_end", "time_to_first_answer_token"):
         stats.pop(key, None)
     return {**meta, "ssr": stats}
 
