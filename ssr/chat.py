@@ -153,6 +153,8 @@ def _parse_one(body: str, schemas: dict[str, dict] | None) -> tuple[dict | None,
         return bad(name.group(1) if name else None, f"malformed tool-call JSON: {exc}")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return bad(None, 'a tool call must be a JSON object with a string "name"')
+    if "arguments" not in data and isinstance(data.get("parameters"), dict) and "properties" in data["parameters"]:
+        return bad(data["name"], "this is a tool definition (a JSON schema), not a call")
     name, args = data["name"], data.get("arguments", data.get("parameters", {}))
     if isinstance(args, str):
         try:

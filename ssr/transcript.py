@@ -109,7 +109,12 @@ class Transcript:
     def _mark_closed(self, by: str) -> str:
         text = self.decode(self.tokens)
         at = text.rfind(self.marker)
-        self.reasoning_text = text[:at]
+        reasoning = text[:at]
+        for k in range(len(self.marker) - 1, 0, -1):  # a budget can cut the model off mid-way through "</think>"
+            if by != "model" and reasoning.endswith(self.marker[:k]):
+                reasoning = reasoning[:-k]
+                break
+        self.reasoning_text = reasoning
         self.answer_residual = text[at + len(self.marker):]
         self.answer_start = len(self.tokens)
         self.thinking = False

@@ -59,3 +59,9 @@ def test_schema_proposals():
     assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == ""
     assert schema.propose("no call here") == ""
     assert schema.propose('<tool_call>{"name": "get_time"}</tool_call>') == ""
+
+
+def test_echoed_tool_definition_is_not_a_call():
+    echo = '{"name": "get_time", "description": "d", "parameters": {"type": "object", "properties": {}}}'
+    parsed = parse_tool_calls(echo, TOOLS)
+    assert not parsed.tool_calls and "definition" in parsed.invalid_tool_calls[0]["error"]

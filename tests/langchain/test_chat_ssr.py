@@ -235,7 +235,7 @@ def test_truncated_tool_call_json_is_invalid_not_an_error(engine):
     assert msg.tool_calls == []
     [bad] = msg.invalid_tool_calls
     assert bad["name"] == "get_weather" and bad["id"] and "JSON" in bad["error"]
-    assert bad["args"].startswith('{"name": "get_weather"')
+    assert bad["args"] == '{"city": "Par'  # the unparsed arguments, as LangChain's InvalidToolCall has them
     assert msg.content == ""
 
 
@@ -245,6 +245,7 @@ def test_unknown_tool_name_is_invalid(engine):
     assert msg.tool_calls == []
     [bad] = msg.invalid_tool_calls
     assert bad["name"] == "get_stock_price" and "unknown tool" in bad["error"]
+    assert json.loads(bad["args"]) == {"ticker": "ACME"}
 
 
 def test_arguments_failing_the_schema_are_invalid(engine):
@@ -253,6 +254,12 @@ def test_arguments_failing_the_schema_are_invalid(engine):
     assert msg.tool_calls == []
     errors = [c["error"] for c in msg.invalid_tool_calls]
     assert "missing required" in errors[0] and "should be string" in errors[1]
+
+
+def test_call_that_is_not_an_object_is_invalid(engine):
+    msg = scripted(engine, '<tool_call>\n["get_weather", "Paris"]\n</tool_call>').bind_tools([get_weather]).invoke("x")
+    [bad] = msg.invalid_tool_calls
+    assert bad["name"] is None and bad["args"] == '["get_weather", "Paris"]' and bad["error"]
 
 
 def test_valid_and_invalid_calls_together(engine):

@@ -350,7 +350,7 @@ class ChatSSR(BaseChatModel):
         ``method="function_calling"`` forces a call to a tool shaped like the schema; ``"json_schema"`` asks (in the
         last user turn) for a JSON answer that follows the schema; ``"json_mode"`` asks for a JSON answer and leaves
         the keys to the prompt. No constrained decoding is done: the model writes the JSON, and ``strict`` is only
-        passed on to the tool schema. Small models often do better with ``"json_schema"`` than with tool calls.
+        passed on to the tool schema.
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
@@ -508,7 +508,7 @@ def _chat_result(res: Any, model_name: str) -> ChatResult:
         content=_content(res),
         additional_kwargs={"reasoning_content": res.reasoning} if res.reasoning else {},
         tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c.get("id")) for c in res.tool_calls],
-        invalid_tool_calls=[invalid_tool_call(name=c.get("name"), args=c.get("args"), id=c.get("id"),
+        invalid_tool_calls=[invalid_tool_call(name=c.get("name"), args=_raw_arguments(c.get("args")), id=c.get("id"),
                                               error=c.get("error")) for c in res.invalid_tool_calls],
         usage_metadata=_usage(res),
         response_metadata=_response_metadata(res, model_name),
@@ -606,10 +606,11 @@ class _StreamAssembler:
 
 
 def _raw_arguments(body: str | None) -> str | None:
-    """The arguments text of an invalid call's raw body, as an OpenAI-style server would stream it.
+    """The arguments text in an invalid call's raw body (LangChain's ``args``: the unparsed arguments).
 
-    The engine's invalid calls carry the whole call (``{"name": ..., "arguments": ...}``) as written; a
-    ``tool_call_chunk`` carries only the arguments.
+    The engine's invalid calls carry the whole call (``{"name": ..., "arguments": ...}``) as written; LangChain's
+    ``InvalidToolCall`` and ``ToolCallChunk`` carry only the arguments, as an OpenAI-style server would send them.
+    A body whose arguments cannot be located is kept whole.
     """
     if not body:
         return body
