@@ -459,6 +459,7 @@ def test_cli_parser_registers_bench():
 
 
 @pytest.mark.real_model
+@needs_bfcl
 def test_smoke_preset_end_to_end(tmp_path):
     """``--preset smoke`` on the embedded default model: every exact method token-identical to plain."""
     pytest.importorskip("ssr.engine")
