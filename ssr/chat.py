@@ -23,6 +23,19 @@ DEMONSTRATION = [
     )},
 ]
 
+# When a tool call is required, a tool-call exchange instead: after the coding exchange a small model copies the
+# tools' JSON schemas into its forced call; after this one it fills in arguments (measured on BFCL items with the
+# default model). With tool_choice "auto" the coding exchange stays: there this one makes the 0.5B model call the
+# demonstration's own tool.
+TOOL_DEMONSTRATION = [
+    {"role": "user", "content": "Convert 20 euros to US dollars. (Tool: convert(amount: number, to: string))"},
+    {"role": "assistant", "content": (
+        "<think>\nThe user wants 20 euros in US dollars. The convert tool takes the amount and the target currency, "
+        "so I call it with amount 20 and to \"USD\".\n</think>\n\n"
+        "<tool_call>\n{\"name\": \"convert\", \"arguments\": {\"amount\": 20, \"to\": \"USD\"}}\n</tool_call>"
+    )},
+]
+
 
 @dataclass(frozen=True)
 class ChatFamily:
@@ -36,12 +49,13 @@ class ChatFamily:
     think_prefill: str = "<think>\n"  # appended after the generation prompt so the model starts thinking
     system_prompt: str | None = None  # for instruct models that are not trained to think
     demonstration: tuple[dict[str, str], ...] = ()
+    tool_demonstration: tuple[dict[str, str], ...] = ()  # used instead of ``demonstration`` when a call is required
     tool_call_open: str = "<tool_call>"
     tool_call_close: str = "</tool_call>"
 
 
 QWEN2_INSTRUCT = ChatFamily(name="qwen2-instruct", system_prompt=THINK_INSTRUCTION,
-                            demonstration=tuple(DEMONSTRATION))
+                            demonstration=tuple(DEMONSTRATION), tool_demonstration=tuple(TOOL_DEMONSTRATION))
 REASONING = ChatFamily(name="reasoning")  # models trained to think (e.g. Qwen3, DeepSeek-R1 distills)
 FAMILIES = {f.name: f for f in (QWEN2_INSTRUCT, REASONING)}
 
@@ -55,7 +69,7 @@ def detect_family(tokenizer, model_type: str | None) -> ChatFamily:
 
 
 def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None = None) -> str:
+                  tools: list[dict[str, Any]] | None = None, call_required: bool = False) -> str:
     """The chat template applied to the family's thinking setup, the conversation and the tools."""
     messages = [_normalise(m) for m in messages]
     if family.system_prompt:
@@ -63,7 +77,8 @@ def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
             messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
         else:
             messages.insert(0, {"role": "system", "content": family.system_prompt})
-        messages[1:1] = [dict(m) for m in family.demonstration]
+        demonstration = family.tool_demonstration if tools and call_required else family.demonstration
+        messages[1:1] = [dict(m) for m in demonstration]
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
     return text + family.think_prefill
 
@@ -95,6 +110,17 @@ def tool_instruction(tool_choice: str | None, tools: list[dict[str, Any]] | None
     if tool_choice in ("any", "required"):
         return "You must answer with a tool call."
     return f"You must answer with a call to the tool `{tool_choice}`."
+
+
+def tool_call_opening(family: ChatFamily, tool_choice: str | None, tools: list[dict[str, Any]] | None) -> str:
+    """The answer's forced start when ``tool_choice`` demands a call: the call wrapper, plus the tool's name when one
+    tool is named. Plain decoding and SSR force the same text, so the model still writes everything after it."""
+    if not tools or tool_choice in (None, "auto", "none"):
+        return ""
+    opening = f'{family.tool_call_open}\n{{"name": "'
+    if tool_choice in ("any", "required"):
+        return opening
+    return f'{opening}{tool_choice}", "arguments": {{'
 
 
 # -- tool-call parsing --------------------------------------------------------------------------------------------

@@ -53,14 +53,15 @@ class Draft:
 class Request:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  thinking: bool = True, cancel: threading.Event | None = None,
-                 tools: list[dict] | None = None) -> None:
+                 tools: list[dict] | None = None, answer_opening: str = "") -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config
         self.prompt_ids = list(prompt_ids)
         self.cancel = cancel or threading.Event()
         self.sampler = Sampler(config)
-        self.transcript = Transcript(tokenizer, family, config, backend.eos_token_ids, thinking=thinking)
+        self.transcript = Transcript(tokenizer, family, config, backend.eos_token_ids, thinking=thinking,
+                                     answer_opening=answer_opening)
         self.drafts: list[Draft] = []
         self.live: list[Draft] = []
         self.main: int | None = None
@@ -88,10 +89,11 @@ class Request:
             self.main = self.backend.new_lane(self.prompt_ids)
             self.reused = min(self.backend.length(self.main), len(self.prompt_ids) - 1)  # re-feed >= 1 token
             self.backend.truncate(self.main, self.reused)
-            feed = self.prompt_ids[self.reused:]
+            forced = self._pending()  # a forced answer opening when there is no thinking phase
+            feed = self.prompt_ids[self.reused:] + forced
             logits = self._step({self.main: feed}, {self.main: 1}, "prefill")[self.main]
-            self.cached = []
             status = self._after(self.transcript.push(self._choose(logits[-1])))
+            self._sync_main(forced)
             yield from self._deltas()
             while status != FINISHED:
                 if self.cancel.is_set():

@@ -7,7 +7,7 @@ import threading
 from typing import Any, AsyncIterator, Iterator
 
 from .backends import load_backend
-from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, tool_instruction
+from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, tool_call_opening, tool_instruction
 from .config import SSRConfig
 from .decode import Request
 from .models import canonical_name, resolve_model
@@ -64,7 +64,8 @@ class SSREngine:
                 if m.get("role") not in ("system", "user", "assistant", "tool"):
                     raise ValueError(f"unknown chat role {m.get('role')!r}: use system, user, assistant or tool")
             tools_for_template = None if tool_choice == "none" else tools
-            text = render_prompt(self.tokenizer, self.family, messages, tools_for_template)
+            text = render_prompt(self.tokenizer, self.family, messages, tools_for_template,
+                                 call_required=bool(tool_call_opening(self.family, tool_choice, tools)))
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             raise ValueError("prompt must be text, a list of chat-message dicts, or a list of token ids")
@@ -81,7 +82,8 @@ class SSREngine:
         cfg = (config or self.config).override(**overrides)
         ids = self.encode(prompt, tools, tool_choice)
         return Request(self.backend, self.tokenizer, self.family, cfg, ids, thinking=thinking, cancel=cancel,
-                       tools=tools if tool_choice != "none" else None)
+                       tools=tools if tool_choice != "none" else None,
+                       answer_opening=tool_call_opening(self.family, tool_choice, tools))
 
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,

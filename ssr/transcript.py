@@ -22,13 +22,14 @@ class Finish:
 
 class Transcript:
     def __init__(self, tokenizer, family: ChatFamily, config: SSRConfig, eos_ids: frozenset[int],
-                 thinking: bool = True) -> None:
+                 thinking: bool = True, answer_opening: str = "") -> None:
         self.tokenizer = tokenizer
         self.family = family
         self.config = config
         self.eos_ids = eos_ids
         self.marker = family.think_close
-        self.close_ids = tokenizer.encode(family.close_text, add_special_tokens=False)
+        self.answer_opening = answer_opening  # forced start of the answer (e.g. a required tool call's wrapper)
+        self.close_ids = tokenizer.encode(family.close_text + answer_opening, add_special_tokens=False)
         self.continue_ids = tokenizer.encode(family.continue_text, add_special_tokens=False)
         self.tokens: list[int] = []
         self.thinking = thinking
@@ -39,6 +40,8 @@ class Transcript:
         self.finish: Finish | None = None
         self.sampled = 0  # tokens the model chose (each one costs a forward pass in plain decoding)
         self.forced = 0
+        if not thinking and answer_opening:
+            self._append_forced(tokenizer.encode(answer_opening, add_special_tokens=False))
 
     # -- counts ----------------------------------------------------------------------------------------------------
     @property
@@ -119,10 +122,18 @@ class Transcript:
         self.answer_start = len(self.tokens)
         self.thinking = False
         self.closed_by = by
+        if by == "model" and self.answer_opening:  # forced closes carry the opening in close_ids already
+            self._append_forced(self.tokenizer.encode(self._separator() + self.answer_opening,
+                                                      add_special_tokens=False))
         if len(self.tokens) >= self.config.max_tokens:
             self.finish = Finish("length")
             return FINISHED
         return CLOSED
+
+    def _separator(self) -> str:
+        """What the family's close text puts between the marker and the answer, less what the model already wrote."""
+        between = self.family.close_text[self.family.close_text.rfind(self.marker) + len(self.marker):]
+        return between[len(self.answer_residual):] if between.startswith(self.answer_residual) else ""
 
     def _check_stop(self) -> bool:
         if not self.config.stop:

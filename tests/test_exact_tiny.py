@@ -7,7 +7,8 @@ import collections
 import pytest
 
 from ssr import SSRConfig
-from tiny import prompt_ids, tiny_engine
+from ssr.chat import tool_call_opening
+from tiny import TINY_FAMILY, prompt_ids, tiny_engine
 
 # (name, config overrides): each exercises one path of the engine
 CASES = [
@@ -132,3 +133,28 @@ def test_kv_reuse_across_requests_matches_cold_start():
     assert warm.stats["reused_prompt_tokens"] >= len(prompt_ids("abc")) + len(first.token_ids) - 1
     assert cold.stats["reused_prompt_tokens"] == 0
     assert warm.token_ids == cold.token_ids
+
+
+OPENING_TOOLS = [{"type": "function", "function": {"name": "ab", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "ab"])
+def test_forced_tool_call_opening_is_exact(engines, tool_choice):
+    """tool_choice forces the call's opening after every kind of close (and with no thinking at all); drafts start
+    from the same opening, and SSR stays token-identical to plain decoding."""
+    tokenizer = next(iter(engines.values())).tokenizer
+    opening = tool_call_opening(TINY_FAMILY, tool_choice, OPENING_TOOLS)
+    shown = tokenizer.decode(tokenizer.encode(opening, add_special_tokens=False), skip_special_tokens=True).strip()
+    closes = collections.Counter()
+    for i, engine in enumerate(engines.values()):
+        prompt = prompt_ids(PROMPTS[i % len(PROMPTS)])
+        for name in ("one-draft", "several-drafts", "forced-close", "min-think", "suffix-only-peer"):
+            cfg = {**BASE, **dict(CASES)[name]}
+            for thinking in (True, False):
+                runs = [engine.generate(prompt, tools=OPENING_TOOLS, tool_choice=tool_choice, thinking=thinking,
+                                        config=SSRConfig(enabled=enabled, **cfg)) for enabled in (False, True)]
+                plain, ssr = runs
+                assert ssr.token_ids == plain.token_ids, (name, tool_choice, thinking)
+                assert plain.answer.startswith(shown), (name, plain.answer)
+                closes[plain.stats["think_closed_by"]] += 1
+    assert closes["model"] and closes["budget"] and closes["none"]

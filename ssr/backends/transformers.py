@@ -12,10 +12,31 @@ next step: same conversation plus a tool result) starts from that cache and pref
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from .base import Backend
+
+SKINNY_ROWS = 32  # up to this many rows, a CPU linear layer runs as one weight-stationary product (see below)
+
+
+def _skinny_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T`` computed as ``(W @ x.T).T`` for a few rows.
+
+    On CPU, ``F.linear`` with 2-32 rows costs about one pass over the weights per row, so a draft lane doubled the
+    cost of a thinking step; ``W @ x.T`` reads the weights once for all rows (measured on the default model, 2 CPU
+    cores: one MLP projection 3.5 ms -> 1.4 ms at 2 rows, 1.5 ms at 1 row either way). Plain decoding and SSR run
+    the same layers, so the comparison between them stays fair.
+    """
+    rows = x.numel() // x.shape[-1]
+    if rows > SKINNY_ROWS:
+        return F.linear(x, layer.weight, layer.bias)
+    y = torch.mm(layer.weight, x.reshape(rows, x.shape[-1]).T).T
+    if layer.bias is not None:
+        y = y + layer.bias
+    return y.reshape(*x.shape[:-1], layer.weight.shape[0])
 
 
 @dataclass
@@ -41,6 +62,10 @@ class TransformersBackend(Backend):
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, columns]: 1 = visible
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._parked: int | None = None  # lane kept from the previous request for prefix reuse
+        if self.device.type == "cpu":
+            for layer in self.model.modules():
+                if isinstance(layer, torch.nn.Linear):
+                    layer.forward = partial(_skinny_linear, layer)
 
     @classmethod
     def load(cls, path: str, model_name: str, dtype: str | torch.dtype | None = None, device: str | None = None,
@@ -157,14 +182,16 @@ class TransformersBackend(Backend):
             use_cache=True,
         ).last_hidden_state
         self._mask = mask
-        out: dict[int, torch.Tensor] = {}
+        picked, sizes = [], []
         for lane_id, tokens in feeds.items():
             state = self._lanes[lane_id]
             state.columns.extend(range(past, past + len(tokens)))
             state.tokens.extend(tokens)
             keep = want.get(lane_id, len(tokens))
-            out[lane_id] = self._logits(hidden[state.row, len(tokens) - keep: len(tokens)])
-        return out
+            picked.append(hidden[state.row, len(tokens) - keep: len(tokens)])
+            sizes.append(keep)
+        logits = self._logits(torch.cat(picked)).split(sizes)  # one output projection for every lane
+        return dict(zip(feeds, logits))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.get_output_embeddings()(hidden).float()

@@ -137,6 +137,27 @@ def run_engine(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
                    reasoning=result.reasoning)
 
 
+def run_langchain_tools(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
+    """A tool-calling item the way an agent runs it: ``ChatSSR(...).bind_tools(tools, tool_choice=...).invoke``.
+
+    The adapter is a thin layer over the same engine, so the outcome carries the engine's token ids and stats (from
+    the message's response metadata) and compares with plain decoding token for token.
+    """
+    from langchain_ssr import ChatSSR
+
+    llm = ChatSSR(engine=engine, ssr_config=config).bind_tools(item["tools"], tool_choice=item.get("tool_choice"))
+    t0 = time.perf_counter()
+    message = llm.invoke(item["messages"])
+    latency = time.perf_counter() - t0
+    meta = message.response_metadata
+    stats = dict(meta["ssr"])
+    return Outcome(token_ids=list(meta["token_ids"]), answer=message.text,
+                   tool_calls=[{"name": c["name"], "arguments": c["args"]} for c in message.tool_calls],
+                   latency_s=latency, ttfa_s=stats.get("time_to_first_answer_token"), stats=stats,
+                   finish_reason=meta.get("finish_reason"),
+                   reasoning=message.additional_kwargs.get("reasoning_content", ""))
+
+
 def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
                       num_tokens: int = PROMPT_LOOKUP_TOKENS) -> Outcome:
     """transformers' own prompt lookup decoding on the engine's prompt ids (greedy, ``max_new_tokens``)."""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -265,6 +266,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
     try:
         if method == M.PROMPT_LOOKUP:
             outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
+        elif item.get("tools") and importlib.util.find_spec("langchain_ssr") is not None:
+            outcome = M.run_langchain_tools(engine, item, cfg)  # agents call tools through the adapter
         else:
             outcome = M.run_engine(engine, item, cfg)
     except Exception as exc:  # noqa: BLE001 - one failure must not end a long run

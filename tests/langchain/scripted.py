@@ -15,39 +15,41 @@ from ssr import SSREngine
 
 
 class ScriptedBackend:
-    def __init__(self, tokenizer, close_ids: list[int], model_name: str = "scripted") -> None:
+    def __init__(self, tokenizer, close_text: str, model_name: str = "scripted") -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.vocab_size = len(tokenizer)
         self.context_window = 32768
         self.eos_token_ids = frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")})
         self.eos = min(self.eos_token_ids)
-        self.close_ids = list(close_ids)
-        self.script: list[int] = []
-        self.answer: list[int] = []
+        self.close_text = close_text
+        self.script = ""  # reasoning + close text + answer
+        self.answer = ""
         self.prompt_len: int | None = None
         self.prompts: list[list[int]] = []  # every prompt prefilled (for assertions on what the adapter sent)
         self._lanes: dict[int, list[int]] = {}
         self._next = 0
 
     def set_script(self, reasoning: str, answer: str) -> None:
-        encode = lambda text: self.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-        self.answer = encode(answer)
-        self.script = encode(reasoning) + self.close_ids + self.answer
+        self.answer = answer
+        self.script = reasoning + self.close_text + answer
 
     # -- the "model" -----------------------------------------------------------------------------------------------
     def _next_token(self, seq: list[int]) -> int:
-        generated = seq[self.prompt_len:]
-        if generated == self.script[: len(generated)]:
-            return self.script[len(generated)] if len(generated) < len(self.script) else self.eos
-        n = len(self.close_ids)
-        at = max((i for i in range(len(generated) - n + 1) if generated[i: i + n] == self.close_ids), default=None)
-        if at is None:
+        """The first token of the script's text after what this lane holds (by text, so that text the engine forces,
+        such as a required tool call's opening, is followed like any other); a draft lane, whose text left the script
+        at its close, continues with the answer after the close text."""
+        text = self.tokenizer.decode(seq[self.prompt_len:])
+        rest = None
+        at = text.rfind(self.close_text)
+        after = text[at + len(self.close_text):]
+        if self.script.startswith(text):
+            rest = self.script[len(text):]
+        elif at >= 0 and self.answer.startswith(after):
+            rest = self.answer[len(after):]
+        if not rest:
             return self.eos
-        after = generated[at + n:]
-        if after == self.answer[: len(after)] and len(after) < len(self.answer):
-            return self.answer[len(after)]
-        return self.eos
+        return self.tokenizer.encode(rest, add_special_tokens=False)[0]
 
     # -- the lane protocol -----------------------------------------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
@@ -98,5 +100,5 @@ def scripted_engine(tokenizer, config=None) -> SSREngine:
     from ssr.chat import detect_family
 
     family = detect_family(tokenizer, None)
-    backend = ScriptedBackend(tokenizer, tokenizer.encode(family.close_text, add_special_tokens=False))
+    backend = ScriptedBackend(tokenizer, family.close_text)
     return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted")

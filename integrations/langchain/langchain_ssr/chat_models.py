@@ -496,7 +496,7 @@ def _usage(res: Any) -> UsageMetadata:
 
 def _response_metadata(res: Any, model_name: str) -> dict[str, Any]:
     return {"model_name": model_name, "model_provider": PROVIDER, "finish_reason": res.finish_reason,
-            "ssr": res.stats}
+            "token_ids": list(res.token_ids), "ssr": res.stats}
 
 
 def _content(res: Any) -> str:
