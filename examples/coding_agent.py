@@ -5,7 +5,11 @@ call's JSON is usually accepted whole in one verify pass; the conversation's KV 
 so a tool result costs only its own tokens of prefill. Per step the script prints what SSR saved (forward passes
 against plain decoding of the same step, which gives the same tokens).
 
-    python examples/coding_agent.py [--model DIR] [--steps 8]
+    python examples/coding_agent.py [--model DIR] [--steps 8] [--free]
+
+The embedded 0.5B model is too small to plan: by default the loop names the tool of each step (read, write, test:
+``tool_choice=<name>``) and the model writes every argument, including the fixed file. ``--free`` lets the model
+choose each tool (``tool_choice="required"``), for larger models.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ PROJECT = {
         'if __name__ == "__main__":\n    unittest.main()\n'
     ),
 }
-TASK = ("The tests in test_mathutils.py fail. Read mathutils.py, fix the bug by writing the corrected file, "
-        "then run the tests.")
+TASK = ("The function is_even in mathutils.py returns the wrong result, so the tests fail. First read mathutils.py; "
+        "then write the whole corrected mathutils.py (path and full content); then run the tests.")
 
 
 def make_tools(root: Path):
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or directory (default: the embedded model)")
     parser.add_argument("--steps", type=int, default=8, help="most agent steps")
+    parser.add_argument("--free", action="store_true", help="the model chooses each tool (default: read, write, test)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="ssr-agent-") as tmp:
@@ -86,12 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             (root / name).write_text(text)
         tools = make_tools(root)
         by_name = {t.name: t for t in tools}
-        llm = ChatSSR(model=args.model, ssr_config=SSRConfig(max_think_tokens=96, draft_start=8, max_tokens=512))
-        agent = llm.bind_tools(tools, tool_choice="required")
+        # one call per step: the answer stops at the call's closing tag
+        llm = ChatSSR(model=args.model, ssr_config=SSRConfig(max_think_tokens=96, draft_start=8, max_tokens=512,
+                                                             stop=("</tool_call>",)))
+        plan = ["read_file", "write_file", "run_tests"]
         messages = [HumanMessage(TASK)]
         saved = plain = 0
         for step in range(1, args.steps + 1):
-            message = agent.invoke(messages)
+            choice = "required" if args.free else plan[min(step - 1, len(plan) - 1)]
+            message = llm.bind_tools(tools, tool_choice=choice).invoke(messages)
             messages.append(message)
             report(step, message)
             saved += message.response_metadata["ssr"]["forward_passes_saved"]

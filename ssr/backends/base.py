@@ -46,3 +46,13 @@ class Backend(Protocol):
 
     def release_all(self) -> None:
         """Free every lane (end of request, cancellation)."""
+
+
+def rows_wanted(lane: int, feed: list[int], want: dict[int, int]) -> int:
+    """How many logit rows ``step`` returns for ``lane`` (default: one per fed token), checked."""
+    if not feed:
+        raise ValueError(f"step(): lane {lane} was fed no tokens")
+    rows = want.get(lane, len(feed))
+    if not 1 <= rows <= len(feed):
+        raise ValueError(f"step(): want[{lane}]={rows} must be in 1..{len(feed)}")
+    return rows

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from .base import rows_wanted
 from .vllm_server import SSRBackendError, SSRBackendUnavailable
 
 _PATCHED = False
@@ -434,11 +435,7 @@ class VLLMBackend:
         plan: dict[int, tuple[str, list[str], int]] = {}  # lane -> (session rid, sibling rids, rows)
         for lane_id, feed in feeds.items():
             state = self._lanes[lane_id]
-            if not feed:
-                raise ValueError(f"step(): lane {lane_id} was fed no tokens")
-            rows = want.get(lane_id, len(feed))
-            if not 1 <= rows <= len(feed):
-                raise ValueError(f"step(): want[{lane_id}]={rows} must be in 1..{len(feed)}")
+            rows = rows_wanted(lane_id, feed, want)
             if len(state.tokens) + len(feed) >= self.context_window:
                 raise SSRBackendError(f"lane {lane_id} would hold {len(state.tokens) + len(feed)} tokens, over the "
                                       f"context window of {self.context_window} (max_model_len)")

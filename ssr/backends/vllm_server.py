@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 
 import torch
 
+from .base import rows_wanted
+
 
 class SSRBackendError(RuntimeError):
     """A backend failed to run a step (the request cannot go on)."""
@@ -255,11 +257,7 @@ class VLLMServerBackend:
         use_prompt_logprobs = False
         for lane_id, feed in feeds.items():
             state = self._lanes[lane_id]
-            if not feed:
-                raise ValueError(f"step(): lane {lane_id} was fed no tokens")
-            rows = want.get(lane_id, len(feed))
-            if not 1 <= rows <= len(feed):
-                raise ValueError(f"step(): want[{lane_id}]={rows} must be in 1..{len(feed)}")
+            rows = rows_wanted(lane_id, feed, want)
             full = state.tokens + feed
             if len(full) >= self.context_window:
                 raise SSRBackendError(f"lane {lane_id} would hold {len(full)} tokens, at or over the server's "

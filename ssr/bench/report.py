@@ -88,10 +88,18 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             "answer_passes_ratio": _geomean(pass_ratios),
             "ttfa_ratio": _geomean(ttfa_ratios),
             "score": _mean(r.get("score") for r in rs),
+            "whole_from_draft": _mean(_whole_from_draft(r) for r in rs) if method != M.PLAIN else None,
             "identical": sum(1 for r in compared if r.get("identical_to_plain")),
             "compared": len(compared),
         }
     return out
+
+
+def _whole_from_draft(record: dict[str, Any]) -> float | None:
+    """1 when the draft's verified prefix gave the whole answer: one answer pass (its last token is the verifier's)."""
+    if record.get("answer_forward_passes") is None:
+        return None
+    return float(record["answer_forward_passes"] <= 1 and (record.get("accepted_prefix") or 0) > 0)
 
 
 def mismatches(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -251,8 +259,8 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
                   + ", ".join(f"{r['item']} (token {r.get('first_difference')})" for r in expected[:20]), ""]
 
     cols = ("n", "latency med (s)", "p90 (s)", "ratio", "TTFA med (s)", "TTFA ratio", "answer passes",
-            "passes ratio", "acc. prefix", "acc. suffix", "draft tok", "think tok", "answer tok", "score",
-            "identical")
+            "passes ratio", "acc. prefix", "acc. suffix", "whole from draft", "draft tok", "think tok",
+            "answer tok", "score", "identical")
     for suite in sorted(summary):
         lines += [f"## {suite}", "", "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for m in sorted(summary[suite], key=lambda m: METHOD_ORDER.get(m, 99)):
@@ -261,13 +269,14 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
             row = (s["n"], _f(s["latency_median"]), _f(s["latency_p90"]), _f(s["latency_ratio"], 3),
                    _f(s["ttfa_median"]), _f(s["ttfa_ratio"], 3), _f(s["answer_passes_mean"], 1),
                    _f(s["answer_passes_ratio"], 3), _f(s["accepted_prefix_mean"], 1),
-                   _f(s["accepted_suffix_mean"], 1), _f(s["draft_tokens_mean"], 1), _f(s["think_tokens_mean"], 1),
+                   _f(s["accepted_suffix_mean"], 1), _f(s["whole_from_draft"], 2), _f(s["draft_tokens_mean"], 1), _f(s["think_tokens_mean"], 1),
                    _f(s["answer_tokens_mean"], 1), _f(s["score"], 3), ident)
             lines.append(f"| {m} | " + " | ".join(map(str, row)) + " |")
         lines.append("")
     lines += ["Ratios are geometric means over items of (method / plain on the same item). TTFA: wall time to the "
               "first answer text. Answer passes: forward passes after the chain of thought closed. Accepted: "
-              "answer tokens taken from the newest draft's verified prefix / from suffix proposals. Draft tokens: "
+              "answer tokens taken from the newest draft's verified prefix / from suffix proposals. Whole from draft: share of "
+              "items whose whole answer came from the draft's prefix in one verify pass. Draft tokens: "
               "tokens decoded in draft lanes (they ride in the thinking passes). Score: pass rate (HumanEval, "
               "ClassEval: all tests pass), LongProc task metric, BFCL call correct.", ""]
 
