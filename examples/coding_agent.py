@@ -98,15 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         messages = [HumanMessage(TASK)]
         saved = plain = 0
         for step in range(1, args.steps + 1):
-            choice = "required" if args.free else plan[min(step - 1, len(plan) - 1)]
+            done = sum(1 for m in messages if isinstance(m, ToolMessage))
+            choice = "required" if args.free else plan[min(done, len(plan) - 1)]
             message = llm.bind_tools(tools, tool_choice=choice).invoke(messages)
             messages.append(message)
             report(step, message)
             saved += message.response_metadata["ssr"]["forward_passes_saved"]
             plain += message.response_metadata["ssr"]["plain_forward_passes"]
-            if not message.tool_calls:
-                print(f"  no valid tool call: {message.invalid_tool_calls or message.text!r}")
-                break
+            if not message.tool_calls:  # tell the model what was wrong and let it try again, as agents do
+                problem = "; ".join(c.get("error") or "" for c in message.invalid_tool_calls) or "no tool call"
+                print(f"  invalid tool call ({problem[:120]}); asking again")
+                messages.append(HumanMessage(f"That was not a valid tool call: {problem}. Call one tool with valid "
+                                             "JSON arguments."))
+                continue
             passed = False
             for call in message.tool_calls:
                 try:
