@@ -435,11 +435,30 @@ def test_report_from_synthetic_records(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in md
     assert "## humaneval" in md and "## bfcl" in md and "MISMATCH" in md
     assert [r["item"] for r in report.mismatches(runner.load_records(path))] == ["bfcl/0"]
-    assert "humaneval/0 (token 3)" in md  # the expected divergence at forced text, listed apart
+    assert "humaneval/0 prompt-lookup (token 3)" in md  # the expected divergence at forced text, listed apart
     s = report.summarize(runner.load_records(path))
     assert abs(s["humaneval"]["ssr"]["latency_ratio"] - 0.8) < 1e-9
     assert s["humaneval"]["prompt-lookup"]["identical"] == 5 and s["humaneval"]["prompt-lookup"]["compared"] == 6
     assert "ssr" in report.console_summary(path)
+
+
+def test_methods_follow_the_backend():
+    assert set(M.backend_methods("vllm")) >= set(M.VLLM_PEERS) and "prompt-lookup" not in M.backend_methods("vllm")
+    assert "prompt-lookup" in M.backend_methods("transformers") and "vllm" not in M.backend_methods("transformers")
+    assert M.parse_methods("all", backend="vllm")[-3:] == list(M.VLLM_PEERS)
+    with pytest.raises(ValueError, match="--backend vllm"):
+        M.parse_methods("plain,vllm-ngram", backend="transformers")
+    with pytest.raises(ValueError, match="--backend transformers"):
+        M.parse_methods("prompt-lookup", backend="vllm")
+
+
+def test_backend_args_parse_as_json_where_they_can():
+    from ssr.bench.cli import backend_kwargs
+
+    assert backend_kwargs(["max_model_len=4096", "enforce_eager=true", "dtype=float32", "a=[1, 2]"]) == {
+        "max_model_len": 4096, "enforce_eager": True, "dtype": "float32", "a": [1, 2]}
+    with pytest.raises(SystemExit):
+        backend_kwargs(["no-equals-sign"])
 
 
 def test_cli_parser_registers_bench():
@@ -508,7 +527,7 @@ def test_runner_on_tiny_engine_all_methods_exact(tmp_path, tiny):
     path = runner.run_bench(run, engine=tiny)
     recs = runner.load_records(path)
     assert not [r for r in recs if r.get("error")], [r.get("traceback") for r in recs if r.get("error")]
-    assert len(recs) == 2 * len(M.METHODS)
+    assert len(recs) == 2 * len(M.backend_methods("transformers"))
     for r in recs:
         if r["method"] in M.EXACT:
             assert r["identical_to_plain"], (r["item"], r["method"], r["first_difference"])

@@ -102,3 +102,11 @@ def test_bad_input_gives_clear_errors(default_engine):
         default_engine.generate("hi", top_p=0.0)
     with pytest.raises(ValueError, match="unknown backend"):
         SSREngine.from_pretrained(None, backend="nope")
+
+
+def test_every_end_of_text_token_ends_the_answer(default_engine):
+    """The embedded checkpoint's generation config names only <|im_end|>; <|endoftext|> must end a turn too (the
+    0.5B model sometimes writes it and then a made-up next user turn)."""
+    tok = default_engine.tokenizer
+    ends = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert ends <= default_engine.backend.eos_token_ids

@@ -48,6 +48,21 @@ class Backend(Protocol):
         """Free every lane (end of request, cancellation)."""
 
 
+# end-of-text / end-of-turn markers of the chat families: a model that emits one has ended its turn
+END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
+
+
+def end_of_text_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's end-of-text special tokens. Hub generation configs list them as EOS (Qwen2.5:
+    ``<|im_end|>`` and ``<|endoftext|>``), but a converted checkpoint's config may name only one, and a model that
+    emits the other would go on writing a made-up next turn."""
+    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    special |= {t.content if hasattr(t, "content") else str(t)
+                for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
+    vocab = tokenizer.get_vocab()
+    return {vocab[t] for t in END_OF_TEXT if t in special and t in vocab}
+
+
 def rows_wanted(lane: int, feed: list[int], want: dict[int, int]) -> int:
     """How many logit rows ``step`` returns for ``lane`` (default: one per fed token), checked."""
     if not feed:

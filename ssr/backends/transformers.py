@@ -17,7 +17,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .base import Backend
+from .base import Backend, end_of_text_ids
 
 SKINNY_ROWS = 32  # up to this many rows, a CPU linear layer runs as one weight-stationary product (see below)
 
@@ -82,6 +82,7 @@ class TransformersBackend(Backend):
             eos.update([ids] if isinstance(ids, int) else ids or [])
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
+        eos |= end_of_text_ids(tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         backend = cls(model, model_name, eos, pad)
         backend.tokenizer = tokenizer

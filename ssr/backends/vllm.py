@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .base import rows_wanted
+from .base import end_of_text_ids, rows_wanted
 from .vllm_server import SSRBackendError, SSRBackendUnavailable
 
 _PATCHED = False
@@ -334,6 +334,8 @@ class VLLMBackend:
             pass
         if _shared is None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        if _shared is None:
+            eos |= end_of_text_ids(self.tokenizer)
         self.eos_token_ids = frozenset(eos)
         self._lanes: dict[int, _Lane] = {}
         self._parked: int | None = None

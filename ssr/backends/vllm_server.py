@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .base import rows_wanted
+from .base import end_of_text_ids, rows_wanted
 
 
 class SSRBackendError(RuntimeError):
@@ -204,7 +204,7 @@ class VLLMServerBackend:
             pass
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = frozenset(eos | end_of_text_ids(self.tokenizer))
         self._lanes: dict[int, _Lane] = {}
         self._next = 0
         self.calls = 0  # HTTP step calls made

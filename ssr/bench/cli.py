@@ -21,16 +21,36 @@ def _split(values: list[str] | None) -> list[str]:
     return [s.strip() for v in values or [] for s in v.split(",") if s.strip()]
 
 
+def backend_kwargs(pairs: list[str]) -> dict:
+    """``["max_model_len=4096", "enforce_eager=true", "dtype=float32"]`` -> keyword arguments."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--backend-arg wants KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--suite", action="append", metavar="NAME",
                         help=f"suite(s), repeatable or comma list: {', '.join(SUITES)}, or all "
                              "(default: humaneval; smoke preset: humaneval,bfcl)")
     parser.add_argument("--methods", action="append", metavar="LIST",
                         help=f"comma list from {', '.join(M.METHODS)} or all (plain always runs: it is the "
-                             "reference); default: all")
+                             "reference); all = every method that runs on --backend (the default)")
     parser.add_argument("--n", type=int, default=None, help="items per suite (default: all; smoke preset: 1)")
     parser.add_argument("--model", default=None, help="model name or directory (default: the embedded model)")
     parser.add_argument("--backend", default="transformers")
+    parser.add_argument("--backend-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="backend argument, repeatable; values parse as JSON where they can (vLLM: "
+                             "--backend-arg max_model_len=4096 --backend-arg enforce_eager=true); the vLLM peers "
+                             "get the same engine arguments")
     parser.add_argument("--out", default="bench-results", help="output directory (results.jsonl, report.md, PNGs)")
     parser.add_argument("--preset", choices=("default", "smoke"), default="default",
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
@@ -82,14 +102,16 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"unknown suite(s) {unknown}; choose from {', '.join(SUITES)}", file=sys.stderr)
         return 2
     try:
-        methods = M.parse_methods(_split(args.methods) or list(PRESET_METHODS[args.preset]))
+        preset = [m for m in PRESET_METHODS[args.preset] if m == "all" or m in M.backend_methods(args.backend)]
+        methods = M.parse_methods(_split(args.methods) or preset, args.backend)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
     if not args.report_only:
         run = BenchRun(suites=suites, methods=methods, out=out, n=args.n if args.n is not None else PRESET_N[args.preset],
                        model=args.model, backend=args.backend, preset=args.preset, overrides=overrides,
-                       data_dir=args.data_dir, progress=not args.no_progress)
+                       data_dir=args.data_dir, progress=not args.no_progress,
+                       backend_kwargs=backend_kwargs(args.backend_arg))
         run_bench(run)
     results = out / "results.jsonl"
     report = write_report(results)

@@ -1,4 +1,6 @@
-"""The methods compared: named ``SSRConfig`` variants of one engine, plus transformers' prompt lookup decoding.
+"""The methods compared: named ``SSRConfig`` variants of one engine, plus peers that replay plain decoding's length
+with their own decoding loop: transformers' prompt lookup, and on the vLLM backend vLLM's plain, ngram and suffix
+decoding (``vllm_peers``).
 
 Every method of a suite starts from the same base config (budgets: ``max_think_tokens``, ``min_think_tokens``,
 ``draft_start``, ``max_tokens``, ...), so outputs are comparable token for token.
@@ -15,7 +17,10 @@ from ssr.config import SSRConfig
 
 PLAIN = "plain"
 PROMPT_LOOKUP = "prompt-lookup"
-METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
+VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup") + VLLM_PEERS
+# peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
+REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS
 DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
 # methods that must reproduce plain decoding's token ids exactly (greedy); prompt-lookup is compared too, but it
 # cannot replay the engine's forced text (budget forcing), so it is expected to match only where none was forced
@@ -30,6 +35,9 @@ DESCRIPTIONS = {
     "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
     "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
                      "max_new_tokens = plain's output length",
+    "vllm": "plain vLLM decoding (LLM.generate, its own loop), same prompt ids, plain's output length",
+    "vllm-ngram": "vLLM's ngram prompt-lookup speculative decoding (8 tokens, n-grams 2-4), plain's output length",
+    "vllm-suffix": "vLLM's suffix decoding (Arctic Inference, 16 tokens), plain's output length",
 }
 
 
@@ -42,7 +50,8 @@ def iterative_interval(base: SSRConfig) -> int:
 
 
 def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
-    """The config of method ``name`` derived from ``base`` (None for prompt-lookup, which bypasses the engine)."""
+    """The config of method ``name`` derived from ``base`` (None for the ``REPLAY`` peers, which bypass the
+    engine)."""
     if name == "plain":
         return base.override(enabled=False)
     if name == "suffix":
@@ -59,13 +68,20 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
                              suffix_sources=("drafts", "prompt", "thinking", "answer"),
                              draft_interval=iterative_interval(base), max_drafts=max(base.max_drafts, 2),
                              bootstrap_drafts=True)
-    if name == "prompt-lookup":
+    if name in REPLAY:
         return None
     raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
 
 
-def parse_methods(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """A comma list (or list) of method names, ``plain`` always first (the others compare against it)."""
+def backend_methods(backend: str) -> tuple[str, ...]:
+    """Every method that runs on ``backend``: the peers are tied to their backend's model (``all``)."""
+    peers = VLLM_PEERS if backend == "vllm" else (PROMPT_LOOKUP,) if backend == "transformers" else ()
+    return tuple(m for m in METHODS if m not in REPLAY or m in peers)
+
+
+def parse_methods(spec: str | list[str] | tuple[str, ...] | None, backend: str = "transformers") -> list[str]:
+    """A comma list (or list) of method names, ``plain`` always first (the others compare against it); ``all``:
+    every method that runs on ``backend``."""
     if spec is None:
         names = list(DEFAULT_METHODS)
     elif isinstance(spec, str):
@@ -73,10 +89,14 @@ def parse_methods(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
     else:
         names = [s.strip() for part in spec for s in str(part).split(",") if s.strip()]
     if names == ["all"]:
-        names = list(METHODS)
+        names = list(backend_methods(backend))
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    elsewhere = [n for n in names if n not in backend_methods(backend)]
+    if elsewhere:
+        raise ValueError(f"method(s) {elsewhere} do not run on backend {backend!r} (vllm* peers: --backend vllm; "
+                         "prompt-lookup: --backend transformers)")
     out = [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
     return out
 
@@ -181,8 +201,13 @@ def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
         out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
     latency = time.perf_counter() - t0
     new = out[0, len(ids):].tolist()
-    text = engine.tokenizer.decode(new, skip_special_tokens=True)
-    # split reasoning/answer the way the engine's transcript does, by the close marker
+    answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
+    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=latency, ttfa_s=None,
+                   stats={"answer_tokens": None, "new_tokens": len(new)}, finish_reason=None)
+
+
+def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """A replay peer's answer and tool calls: the text after the close marker, split as the transcript does."""
     marker = getattr(getattr(engine, "family", None), "think_close", "</think>")
     answer = text.split(marker, 1)[1].lstrip() if marker in text else ""
     tool_calls: list[dict[str, Any]] = []
@@ -193,5 +218,14 @@ def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
             tool_calls = parse_tool_calls(answer, item["tools"]).tool_calls
         except Exception:  # noqa: BLE001 - scoring only
             tool_calls = []
-    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=latency, ttfa_s=None,
-                   stats={"answer_tokens": None, "new_tokens": len(new)}, finish_reason=None)
+    return answer, tool_calls
+
+
+def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
+    """A ``vllm_peers.VLLMPeer`` on the engine's prompt ids, ``max_tokens`` greedy tokens."""
+    ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
+    out = peer.generate(ids, max(1, max_tokens))
+    new = out["token_ids"]
+    answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
+    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
+                   stats={"new_tokens": len(new), "forward_passes": out.get("steps")})

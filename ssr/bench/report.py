@@ -103,7 +103,7 @@ def _whole_from_draft(record: dict[str, Any]) -> float | None:
 
 
 def mismatches(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Outputs that differ from plain decoding, except prompt lookup's expected divergence at forced text."""
+    """Outputs that differ from plain decoding, except the replay peers' expected divergence at forced text."""
     return [r for r in latest(records) if r.get("identical_to_plain") is False
             and not r.get("diverged_at_forced_text")]
 
@@ -154,7 +154,7 @@ def plot_latency_ratio(summary: dict[str, dict[str, dict[str, Any]]], path: Path
 def plot_accepted_vs_budget(records: list[dict[str, Any]], path: Path) -> Path:
     plt = _plt()
     recs = [r for r in latest(records) if r.get("draft_tokens") is not None
-            and r["method"] not in (M.PLAIN, M.PROMPT_LOOKUP)]
+            and r["method"] not in (M.PLAIN,) + M.REPLAY]
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for m in sorted({r["method"] for r in recs}, key=lambda m: METHOD_ORDER.get(m, 99)):
         rs = [r for r in recs if r["method"] == m]
@@ -250,13 +250,15 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
         lines.append("")
     else:
         lines += ["No MISMATCH: every compared output is token-identical to plain decoding"
-                  + (" (prompt lookup's divergences at forced text aside, below)." if expected else "."), ""]
+                  + (" (the replay peers' divergences at forced text aside, below)." if expected else "."), ""]
     if expected:
-        lines += [f"`prompt-lookup` left plain's tokens on {len(expected)} item(s) exactly where plain's budget "
-                  "forcing inserted text (the close text at max_think_tokens, the continue text below "
-                  "min_think_tokens), which transformers' `generate` cannot do; from there on the two runs decode "
-                  "different sequences, so its latency compares budgets, not tokens: "
-                  + ", ".join(f"{r['item']} (token {r.get('first_difference')})" for r in expected[:20]), ""]
+        lines += [f"Replay peers ({', '.join(sorted({r['method'] for r in expected}))}) left plain's tokens on "
+                  f"{len(expected)} output(s) exactly where plain's budget forcing inserted text (the close text at "
+                  "max_think_tokens, the continue text below min_think_tokens), which their own decoding loops "
+                  "cannot do; from there on the runs decode different sequences of the same length, so their "
+                  "latency compares budgets, not tokens: "
+                  + ", ".join(f"{r['item']} {r['method']} (token {r.get('first_difference')})"
+                              for r in expected[:20]), ""]
 
     cols = ("n", "latency med (s)", "p90 (s)", "ratio", "TTFA med (s)", "TTFA ratio", "answer passes",
             "passes ratio", "acc. prefix", "acc. suffix", "whole from draft", "draft tok", "think tok",

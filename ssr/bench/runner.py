@@ -50,7 +50,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 PRESET_N = {"default": None, "smoke": 1}
-PRESET_METHODS = {"default": M.DEFAULT_METHODS, "smoke": ("plain", "suffix", "ssr", "prompt-lookup")}
+PRESET_METHODS = {"default": ("all",), "smoke": ("plain", "suffix", "ssr", "prompt-lookup")}
 PRESET_SUITES = {"default": ("humaneval",), "smoke": ("humaneval", "bfcl")}
 
 
@@ -69,8 +69,16 @@ def config_key(model: str, backend: str, suite: str, method: str, config: SSRCon
                base: SSRConfig) -> str:
     """Identifies what a record measured: records with another key are not reused on resume."""
     payload = {"model": model, "backend": backend, "suite": suite, "method": method,
-               "config": (config or base).to_dict(), "lookup": M.PROMPT_LOOKUP_TOKENS if config is None else None}
+               "config": (config or base).to_dict(), "lookup": _peer_settings(method) if config is None else None}
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:12]
+
+
+def _peer_settings(method: str) -> Any:
+    if method == M.PROMPT_LOOKUP:
+        return M.PROMPT_LOOKUP_TOKENS
+    from .vllm_peers import SPECS
+
+    return SPECS.get(method)
 
 
 def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -184,7 +192,7 @@ def _color(text: str, color: str) -> str:
 
 def run_bench(run: BenchRun, engine=None) -> Path:
     """Run every (suite item, method) pair not yet in ``run.out/results.jsonl``; returns the results path."""
-    methods = M.parse_methods(run.methods)
+    methods = M.parse_methods(run.methods, run.backend)
     run.out.mkdir(parents=True, exist_ok=True)
     records = load_records(run.results_path)
     done = done_pairs(records)
@@ -215,6 +223,39 @@ def run_bench(run: BenchRun, engine=None) -> Path:
 
     bar = tqdm(total=len(work), initial=len(work) - len(pending), desc="bench", unit="item",
                disable=not run.progress, file=sys.stderr)
+    peers = _Peers(run, engine)
+    try:
+        mismatches = _run_pending(run, engine, methods, pending, done, key_of, model_name, peers, bar)
+    finally:
+        peers.close()
+        bar.close()
+    if mismatches:
+        run.log(_color(f"MISMATCH: {mismatches} output(s) differ from plain decoding; see the report", RED))
+    return run.results_path
+
+
+class _Peers:
+    """vLLM peer workers, started on first use (one engine each) and closed at the end of the run."""
+
+    def __init__(self, run: BenchRun, engine) -> None:
+        self.run, self.engine, self.live = run, engine, {}
+
+    def get(self, method: str):
+        if method not in self.live:
+            if self.run.backend != "vllm":
+                raise ValueError(f"method {method} compares with plain decoding on vLLM: use --backend vllm")
+            from .vllm_peers import VLLMPeer
+
+            self.run.log(f"starting vLLM peer {method} ...")
+            self.live[method] = VLLMPeer(method, self.engine.backend.model_path, self.run.backend_kwargs)
+        return self.live[method]
+
+    def close(self) -> None:
+        for peer in self.live.values():
+            peer.close()
+
+
+def _run_pending(run: BenchRun, engine, methods, pending, done, key_of, model_name, peers: _Peers, bar) -> int:
     mismatches = 0
     for suite, item, base in pending:
         plain_key = key_of(suite, M.PLAIN, base)
@@ -223,10 +264,10 @@ def run_bench(run: BenchRun, engine=None) -> Path:
             if (key, item["id"], method) in done:
                 continue
             plain = done.get((plain_key, item["id"], M.PLAIN))
-            if method == M.PROMPT_LOOKUP and plain is None:
-                run.log(f"{item['id']}: prompt-lookup skipped (no plain result to take its length from)")
+            if method in M.REPLAY and plain is None:
+                run.log(f"{item['id']}: {method} skipped (no plain result to take its length from)")
                 continue
-            record = _run_one(engine, run, suite, item, method, base, key, model_name, plain)
+            record = _run_one(engine, run, suite, item, method, base, key, model_name, plain, peers)
             append_record(run.results_path, record)
             if record.get("error"):
                 run.log(_color(f"ERROR {item['id']} {method}: {record['error']}", RED))
@@ -237,10 +278,7 @@ def run_bench(run: BenchRun, engine=None) -> Path:
                 _shout(run, record, plain, engine)
             bar.set_postfix_str(f"{method} {record['latency_s']:.1f}s")
         bar.update(1)
-    bar.close()
-    if mismatches:
-        run.log(_color(f"MISMATCH: {mismatches} output(s) differ from plain decoding; see the report", RED))
-    return run.results_path
+    return mismatches
 
 
 def _warmup(engine, item: dict[str, Any]) -> None:
@@ -253,7 +291,7 @@ def _warmup(engine, item: dict[str, Any]) -> None:
 
 
 def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: str, base: SSRConfig, key: str,
-             model_name: str, plain: dict[str, Any] | None) -> dict[str, Any]:
+             model_name: str, plain: dict[str, Any] | None, peers: _Peers | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {"suite": suite, "item": item["id"], "method": method, "key": key,
                               "model": model_name, "backend": run.backend, "preset": run.preset,
                               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -266,6 +304,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
     try:
         if method == M.PROMPT_LOOKUP:
             outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
+        elif method in M.VLLM_PEERS:
+            outcome = M.run_vllm_peer(peers.get(method), engine, item, max_tokens=len(plain["token_ids"]))
         elif item.get("tools") and importlib.util.find_spec("langchain_ssr") is not None:
             outcome = M.run_langchain_tools(engine, item, cfg)  # agents call tools through the adapter
         else:
@@ -284,13 +324,16 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         "answer": outcome.answer,
         "tool_calls": outcome.tool_calls,
     })
-    record.update(summarize_stats(outcome.stats) if method != M.PROMPT_LOOKUP else {})
+    if method in M.REPLAY:
+        record["forward_passes"] = outcome.stats.get("forward_passes")
+    else:
+        record.update(summarize_stats(outcome.stats))
     if plain is not None and method != M.PLAIN:
         diff = first_difference(outcome.token_ids, plain["token_ids"])
         record["identical_to_plain"] = diff is None
         record["first_difference"] = diff
         record["exact_method"] = method in M.EXACT
-        if method == M.PROMPT_LOOKUP:
+        if method in M.REPLAY:
             record["plain_forced_tokens"] = plain.get("forced_tokens")
             record["diverged_at_forced_text"] = bool(plain.get("forced_tokens")) and M.diverged_at_forced_text(
                 plain["token_ids"], diff, M.forced_sequences(engine))
@@ -316,10 +359,10 @@ def _shout(run: BenchRun, record: dict[str, Any], plain: dict[str, Any] | None, 
         context = (f"\n    plain : ...{tok.decode(plain['token_ids'][lo:at + 8])!r}"
                    f"\n    {record['method']:6}: ...{tok.decode(record['token_ids'][lo:at + 8])!r}")
     if record.get("diverged_at_forced_text"):
-        run.log(_color(f"note: {record['item']} prompt-lookup leaves plain at token {at}, where plain's budget "
+        run.log(_color(f"note: {record['item']} {record['method']} leaves plain at token {at}, where plain's budget "
                        f"forcing inserted text that generate() cannot (expected){context}", YELLOW))
-    elif record["method"] == M.PROMPT_LOOKUP:
-        run.log(_color(f"MISMATCH {record['item']} prompt-lookup differs from plain at token {at}{context}", RED))
+    elif record["method"] in M.REPLAY:
+        run.log(_color(f"MISMATCH {record['item']} {record['method']} differs from plain at token {at}{context}", RED))
     else:
         run.log(_color(f"MISMATCH {record['item']} {record['method']} differs from plain at token {at} "
                        f"(must be identical){context}", RED))

@@ -47,10 +47,14 @@ def vllm_engine(vllm_backend):
 
 
 def vllm_greedy(llm, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """vLLM's own plain greedy decoding (stops at EOS like the engine does)."""
+    """vLLM's own plain greedy decoding; it stops where the engine does: at EOS and the tokenizer's end-of-text
+    tokens (``end_of_text_ids``)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False)
+    from ssr.backends.base import end_of_text_ids
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
+                            stop_token_ids=sorted(end_of_text_ids(llm.get_tokenizer())))
     out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
     return list(out[0].outputs[0].token_ids)

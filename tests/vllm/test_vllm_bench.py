@@ -1,0 +1,59 @@
+"""``ssr bench --backend vllm``: SSR and vLLM's own decoding loops (plain, ngram, suffix) side by side in one run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from tiny_model import vllm_installed
+
+if not vllm_installed():  # tests/vllm itself would import as a namespace package "vllm": look for the real one
+    pytest.skip("vllm is not installed (install it into a separate venv: .ci/install_vllm.sh)", allow_module_level=True)
+
+from conftest import ENGINE_ARGS  # noqa: E402
+
+from ssr.bench import methods as M  # noqa: E402
+from ssr.bench import report, runner  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+PEERS = ["vllm", "vllm-ngram"] + (["vllm-suffix"] if importlib.util.find_spec("arctic_inference") else [])
+QUESTIONS = ["Write a function that adds two numbers.", "Repeat after me: abc abc abc abc abc abc."]
+
+
+@pytest.fixture
+def two_items(monkeypatch):
+    items = [{"id": f"q/{i}", "suite": "humaneval", "messages": [{"role": "user", "content": q}], "tools": None}
+             for i, q in enumerate(QUESTIONS)]
+    monkeypatch.setattr(runner, "load_suite", lambda name, n=None, data_dir=None: items[:n])
+    monkeypatch.setattr(runner, "score_item", lambda item, answer, calls=None: {"score": 0.0})  # tiny model: noise
+    return items
+
+
+def test_vllm_peers_side_by_side(tmp_path, vllm_engine, two_items):
+    run = runner.BenchRun(suites=["humaneval"], methods=["plain", "ssr"] + PEERS, out=tmp_path, n=2, backend="vllm",
+                          overrides={"max_think_tokens": 12, "min_think_tokens": 0, "draft_start": 2,
+                                     "max_tokens": 40},
+                          backend_kwargs=dict(ENGINE_ARGS), progress=False, warmup=False, log=lambda s: None)
+    path = runner.run_bench(run, engine=vllm_engine)
+    recs = runner.load_records(path)
+    assert not [r for r in recs if r.get("error")], [r.get("traceback") or r.get("error") for r in recs]
+    assert [(r["item"], r["method"]) for r in recs] == [
+        (f"q/{i}", m) for i in range(2) for m in ["plain", "ssr"] + PEERS]  # interleaved per item
+    plain = {r["item"]: r for r in recs if r["method"] == "plain"}
+    for r in recs:
+        if r["method"] == "ssr":
+            assert r["identical_to_plain"], (r["item"], r["first_difference"])
+        if r["method"] in M.VLLM_PEERS:
+            p = plain[r["item"]]
+            assert r["n_tokens"] == p["n_tokens"]  # the same amount of work
+            # vLLM's own greedy loop equals the engine's plain decoding up to the engine's forced text (if any)
+            assert r["identical_to_plain"] or (r["diverged_at_forced_text"] and r["first_difference"] > 0), r
+            # forward passes counted inside the worker: one per token for plain vLLM, fewer with speculation
+            if r["method"] == "vllm":
+                assert r["forward_passes"] == r["n_tokens"]
+            else:
+                assert 0 < r["forward_passes"] <= r["n_tokens"]
+    md = report.write_report(path).read_text()
+    assert all(f"| {m} |" in md for m in PEERS)
+
