@@ -52,6 +52,19 @@ class Backend(Protocol):
 END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
 
 
+def stop_token_ids(tokenizer, *eos_values) -> frozenset[int]:
+    """Every token that ends generation: the ``eos_token_id`` values of the model's configs (an int, a list or
+    None each), the tokenizer's EOS and its end-of-text tokens (``tokenizer`` None: the configs' ids only)."""
+    ids: set[int] = set()
+    for value in eos_values:
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(tokenizer.eos_token_id)
+        ids |= end_of_text_ids(tokenizer)
+    return frozenset(ids)
+
+
 def end_of_text_ids(tokenizer) -> set[int]:
     """Ids of the tokenizer's end-of-text special tokens. Hub generation configs list them as EOS (Qwen2.5:
     ``<|im_end|>`` and ``<|endoftext|>``), but a converted checkpoint's config may name only one, and a model that

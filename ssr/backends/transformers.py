@@ -17,7 +17,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, end_of_text_ids
+from .base import Backend, stop_token_ids
 
 SKINNY_ROWS = 32  # up to this many rows, a CPU linear layer runs as one weight-stationary product (see below)
 
@@ -76,13 +76,8 @@ class TransformersBackend(Backend):
         dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs).to(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        eos = set()
-        for source in (model.generation_config, model.config):
-            ids = getattr(source, "eos_token_id", None)
-            eos.update([ids] if isinstance(ids, int) else ids or [])
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        eos |= end_of_text_ids(tokenizer)
+        configs = (model.generation_config, model.config)
+        eos = stop_token_ids(tokenizer, *(getattr(config, "eos_token_id", None) for config in configs))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         backend = cls(model, model_name, eos, pad)
         backend.tokenizer = tokenizer

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .base import end_of_text_ids, rows_wanted
+from .base import rows_wanted, stop_token_ids
 from .vllm_server import SSRBackendError, SSRBackendUnavailable
 
 _PATCHED = False
@@ -322,21 +322,14 @@ class VLLMBackend:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        eos: set[int] = set()
-        for source in (engine.model_config.hf_config, getattr(engine.llm.llm_engine, "generation_config", None)):
-            ids = getattr(source, "eos_token_id", None)
-            eos.update([ids] if isinstance(ids, int) else ids or [])
+        sources = (engine.model_config.hf_config, getattr(engine.llm.llm_engine, "generation_config", None))
+        eos = [getattr(source, "eos_token_id", None) for source in sources]
         try:
-            gen = engine.model_config.try_get_generation_config() or {}
-            ids = gen.get("eos_token_id")
-            eos.update([ids] if isinstance(ids, int) else ids or [])
+            eos.append((engine.model_config.try_get_generation_config() or {}).get("eos_token_id"))
         except Exception:  # noqa: BLE001 - optional
             pass
-        if _shared is None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        if _shared is None:
-            eos |= end_of_text_ids(self.tokenizer)
-        self.eos_token_ids = frozenset(eos)
+        # a view gets its tokenizer (and this set) from the backend it was made from
+        self.eos_token_ids = stop_token_ids(self.tokenizer if _shared is None else None, *eos)
         self._lanes: dict[int, _Lane] = {}
         self._parked: int | None = None
         self._next = 0

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .base import end_of_text_ids, rows_wanted
+from .base import rows_wanted, stop_token_ids
 
 
 class SSRBackendError(RuntimeError):
@@ -192,19 +192,14 @@ class VLLMServerBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.vocab_size = int(getattr(self.config, "vocab_size", None) or len(self.tokenizer))
         self.context_window = int(entry.get("max_model_len") or getattr(self.config, "max_position_embeddings", 4096))
-        eos: set[int] = set()
-        ids = getattr(self.config, "eos_token_id", None)
-        eos.update([ids] if isinstance(ids, int) else ids or [])
+        eos = [getattr(self.config, "eos_token_id", None)]
         try:
             from transformers import GenerationConfig
 
-            ids = GenerationConfig.from_pretrained(model_path).eos_token_id
-            eos.update([ids] if isinstance(ids, int) else ids or [])
+            eos.append(GenerationConfig.from_pretrained(model_path).eos_token_id)
         except Exception:  # noqa: BLE001 - optional file
             pass
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos | end_of_text_ids(self.tokenizer))
+        self.eos_token_ids = stop_token_ids(self.tokenizer, *eos)
         self._lanes: dict[int, _Lane] = {}
         self._next = 0
         self.calls = 0  # HTTP step calls made

@@ -241,9 +241,7 @@ class _Peers:
         self.run, self.engine, self.live = run, engine, {}
 
     def get(self, method: str):
-        if method not in self.live:
-            if self.run.backend != "vllm":
-                raise ValueError(f"method {method} compares with plain decoding on vLLM: use --backend vllm")
+        if method not in self.live:  # run_bench's parse_methods has checked that the backend is vllm
             from .vllm_peers import VLLMPeer
 
             self.run.log(f"starting vLLM peer {method} ...")

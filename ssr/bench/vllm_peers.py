@@ -29,14 +29,13 @@ SPECS: dict[str, dict[str, Any] | None] = {
     "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "vllm-suffix": {"method": "suffix", "num_speculative_tokens": 16},
 }
-# arguments of the SSR backend that are not vllm.LLM's
-_SSR_ONLY = ("logprobs",)
+# arguments of the SSR backend that are not vllm.LLM's (the KV cache size reaches the worker as its env variable)
+_SSR_ONLY = ("logprobs", "cpu_kvcache_gib")
 
 
 def peer_engine_args(backend_kwargs: dict[str, Any]) -> dict[str, Any]:
     """vllm.LLM arguments for a peer: the run's backend arguments (same dtype, context, eager mode, ...)."""
     args = {k: v for k, v in backend_kwargs.items() if k not in _SSR_ONLY}
-    args.pop("cpu_kvcache_gib", None)  # the worker inherits VLLM_CPU_KVCACHE_SPACE instead
     args.setdefault("enable_prefix_caching", True)
     args.setdefault("disable_log_stats", True)
     return args
