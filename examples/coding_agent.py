@@ -91,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             (root / name).write_text(text)
         tools = make_tools(root)
         by_name = {t.name: t for t in tools}
-        # one call per step: the answer stops at the call's closing tag
-        llm = ChatSSR(model=args.model, ssr_config=SSRConfig(max_think_tokens=96, draft_start=8, max_tokens=512,
-                                                             stop=("</tool_call>",)))
+        # one call per step: a required call ends the answer at its closing brace
+        llm = ChatSSR(model=args.model, ssr_config=SSRConfig(max_think_tokens=96, draft_start=8, max_tokens=512))
         plan = ["read_file", "write_file", "run_tests"]
         messages = [HumanMessage(TASK)]
         saved = plain = 0

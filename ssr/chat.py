@@ -107,20 +107,24 @@ def tool_instruction(tool_choice: str | None, tools: list[dict[str, Any]] | None
         return None
     if tool_choice == "none":
         return "Do not call any tool; answer directly."
-    if tool_choice in ("any", "required"):
+    if tool_choice in ("any", "required"):  # even with one tool: naming it makes the 0.5B model copy its schema
         return "You must answer with a tool call."
     return f"You must answer with a call to the tool `{tool_choice}`."
 
 
 def tool_call_opening(family: ChatFamily, tool_choice: str | None, tools: list[dict[str, Any]] | None) -> str:
-    """The answer's forced start when ``tool_choice`` demands a call: the call wrapper, plus the tool's name when one
-    tool is named. Plain decoding and SSR force the same text, so the model still writes everything after it."""
+    """The answer's forced start when ``tool_choice`` demands a call: the call wrapper, plus the tool's name when only
+    one tool can be called. Plain decoding and SSR force the same text, so the model still writes everything after
+    it. The forced text ends on a token boundary of the model's own spelling (``"arguments":``, then the model writes
+    `` {"``), so that the model is not pushed off its usual tokens."""
     if not tools or tool_choice in (None, "auto", "none"):
         return ""
     opening = f'{family.tool_call_open}\n{{"name": "'
     if tool_choice in ("any", "required"):
-        return opening
-    return f'{opening}{tool_choice}", "arguments": {{'
+        if len(tools) > 1:
+            return opening  # the name is the model's, kept to the bound tools by the engine's ToolNameGuide
+        tool_choice = tools[0]["function"]["name"]
+    return f'{opening}{tool_choice}", "arguments":'
 
 
 # -- tool-call parsing --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from .accept import Sampler, verify
 from .backends.base import Backend
 from .chat import ChatFamily
 from .config import SSRConfig
-from .schema import SchemaProposer
+from .schema import SchemaProposer, ToolNameGuide
 from .suffix import SuffixIndex
 from .transcript import CLOSED, CONTINUE, FINISHED, Transcript
 
@@ -53,7 +53,8 @@ class Draft:
 class Request:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  thinking: bool = True, cancel: threading.Event | None = None,
-                 tools: list[dict] | None = None, answer_opening: str = "") -> None:
+                 tools: list[dict] | None = None, answer_opening: str = "",
+                 guide: ToolNameGuide | None = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config
@@ -70,6 +71,7 @@ class Request:
         self.prefix: tuple[Draft, int] | None = None  # draft in the prefix stage and its aligned position
         self.index: SuffixIndex | None = None
         self.schema = SchemaProposer(tools) if tools and config.enabled and config.schema_proposals else None
+        self.guide = guide  # part of the decoding rule: plain decoding and SSR both apply it
         self.counts = {"forward_passes": 0, "think_passes": 0, "answer_passes": 0, "verify_passes": 0,
                        "proposed": 0, "accepted_prefix": 0, "accepted_suffix": 0, "proposals_tried": 0,
                        "proposals_accepted": 0, "draft_tokens": 0}
@@ -92,6 +94,7 @@ class Request:
             forced = self._pending()  # a forced answer opening when there is no thinking phase
             feed = self.prompt_ids[self.reused:] + forced
             logits = self._step({self.main: feed}, {self.main: 1}, "prefill")[self.main]
+            logits = self._guided(logits[-1:], self.transcript.raw_answer(), [])
             status = self._after(self.transcript.push(self._choose(logits[-1])))
             self._sync_main(forced)
             yield from self._deltas()
@@ -117,6 +120,14 @@ class Request:
 
     def _choose(self, logits: torch.Tensor) -> int:
         return self.sampler.next_token(logits)[0]
+
+    def _guided(self, logits: torch.Tensor, said: str, proposal: list[int]) -> torch.Tensor:
+        """``logits`` rows for the positions after ``said`` and after each prefix of ``proposal``, with the tool-name
+        guide applied where it holds."""
+        if self.guide is None or self.guide.opening not in said + self.transcript.decode(proposal):
+            return logits
+        return torch.stack([self.guide.mask(logits[i], said + self.transcript.decode(proposal[:i]))
+                            for i in range(logits.shape[0])])
 
     def _pending(self) -> list[int]:
         return self.transcript.tokens[len(self.cached):]
@@ -173,6 +184,8 @@ class Request:
         self.live.append(draft)
 
     def _advance_draft(self, draft: Draft, logits: torch.Tensor) -> None:
+        said = self.transcript.answer_residual_of(self.transcript.close_ids) + self.transcript.decode(draft.tokens)
+        logits = self._guided(logits, said, draft.boot)
         if draft.boot:
             accepted, token = verify(self.sampler, draft.boot, logits, draft.boot_probs)
             draft.tokens = draft.boot[:accepted] + [token]
@@ -198,9 +211,13 @@ class Request:
         return list(self.sampler.probs(logits))
 
     def _draft_hit_stop(self, draft: Draft) -> bool:
+        """The draft reached a stop string or closed a required call: the rest of its lane would be wasted."""
+        t = self.transcript
+        if t.answer_opening and t.call_end(t.answer_residual_of(t.close_ids) + t.decode(draft.tokens)) is not None:
+            return True
         if not self.config.stop:
             return False
-        tail = self.transcript.decode(draft.tokens[-8:])
+        tail = t.decode(draft.tokens[-8:])
         return any(s in tail for s in self.config.stop)
 
     def _retire(self, draft: Draft) -> None:
@@ -274,6 +291,7 @@ class Request:
         pending = self._pending()
         fed = self.cached + pending + proposal
         logits = self._step({self.main: pending + proposal}, {self.main: len(proposal) + 1}, "answer")[self.main]
+        logits = self._guided(logits, self.transcript.raw_answer(), proposal)
         if proposal:
             self.counts["verify_passes"] += 1
             self.counts["proposals_tried"] += 1

@@ -11,6 +11,7 @@ from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, to
 from .config import SSRConfig
 from .decode import Request
 from .models import canonical_name, resolve_model
+from .schema import ToolNameGuide, token_ids_by_text
 from .result import GenerationResult, StreamEvent
 
 Prompt = str | list[dict[str, Any]] | list[int]
@@ -28,6 +29,7 @@ class SSREngine:
         self.family = family or detect_family(tokenizer, getattr(getattr(backend, "config", None), "model_type", None))
         self.model_name = model_name or backend.model_name
         self._lock = threading.Lock()
+        self._token_texts: dict[str, list[int]] | None = None  # for the tool-name guide, built on first use
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
@@ -81,9 +83,23 @@ class SSREngine:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
         cfg = (config or self.config).override(**overrides)
         ids = self.encode(prompt, tools, tool_choice)
+        opening = tool_call_opening(self.family, tool_choice, tools)
         return Request(self.backend, self.tokenizer, self.family, cfg, ids, thinking=thinking, cancel=cancel,
-                       tools=tools if tool_choice != "none" else None,
-                       answer_opening=tool_call_opening(self.family, tool_choice, tools))
+                       tools=tools if tool_choice != "none" else None, answer_opening=opening,
+                       guide=self._name_guide(opening, tools))
+
+    def _name_guide(self, opening: str, tools: list[dict] | None) -> ToolNameGuide | None:
+        """A required call whose name is not forced gets its name restricted to the bound tools."""
+        if not opening.endswith('"name": "'):
+            return None
+        return ToolNameGuide(opening, [t["function"]["name"] for t in tools], self.token_texts())
+
+    def token_texts(self) -> dict[str, list[int]]:
+        """The tool-name guide's index of token texts, built on first use (~2 s for a 150k vocabulary); call it
+        before timing anything so that no timed request pays for it."""
+        if self._token_texts is None:
+            self._token_texts = token_ids_by_text(self.tokenizer)
+        return self._token_texts
 
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,

@@ -73,7 +73,7 @@ class Transcript:
         if token in self.eos_ids:
             self.finish = Finish("stop")
             return FINISHED
-        if self._check_stop():
+        if self._check_stop() or self._check_call_end():
             return FINISHED
         return self._check_length()
 
@@ -146,6 +146,20 @@ class Transcript:
             return True
         return False
 
+    def _check_call_end(self) -> bool:
+        """A required call ends the answer once its JSON object closes (one call per turn, as with guided decoding
+        of a required call in vLLM); text the closing token carries beyond the brace is cut like a stop string's."""
+        end = self.call_end(self.raw_answer())
+        if end is None:
+            return False
+        self.finish = Finish("stop", answer_end=end)
+        return True
+
+    def call_end(self, raw: str) -> int | None:
+        """Where a required call's JSON object closes in answer text ``raw``; None without one or while it is open."""
+        at = raw.find(self.answer_opening) if self.answer_opening else -1
+        return json_object_end(raw, raw.find("{", at)) if at >= 0 else None
+
     def answer_residual_of(self, ids: list[int]) -> str:
         """Text after the close marker in ``ids`` (e.g. a draft's forced close text)."""
         text = self.decode(ids)
@@ -169,3 +183,28 @@ class Transcript:
         if self.answer_start is None and not self.reasoning_text:
             return self.decode(self.tokens).strip()
         return self.reasoning_text.strip()
+
+
+def json_object_end(text: str, start: int) -> int | None:
+    """The offset just past the JSON object that opens at ``text[start]``; None while it is still open."""
+    if start < 0:
+        return None
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None

@@ -8,7 +8,8 @@ import pytest
 
 from ssr import SSRConfig
 from ssr.chat import tool_call_opening
-from tiny import TINY_FAMILY, prompt_ids, tiny_engine
+from ssr.transcript import json_object_end
+from tiny import GUIDED_TOOLS, TINY_FAMILY, TOOL_VOCAB, prompt_ids, tiny_engine
 
 # (name, config overrides): each exercises one path of the engine
 CASES = [
@@ -158,3 +159,40 @@ def test_forced_tool_call_opening_is_exact(engines, tool_choice):
                 assert plain.answer.startswith(shown), (name, plain.answer)
                 closes[plain.stats["think_closed_by"]] += 1
     assert closes["model"] and closes["budget"] and closes["none"]
+
+
+
+def test_required_call_names_a_bound_tool_and_stays_exact():
+    """With several tools and a required call, the tool-name guide restricts the name (a random model would almost
+    never spell one) and the call's closing brace ends the answer; plain decoding and SSR apply the same rules, so
+    they stay token-identical, drafts included."""
+    opening = tool_call_opening(TINY_FAMILY, "required", GUIDED_TOOLS)
+    names, ends = collections.Counter(), collections.Counter()
+    for seed in range(4):
+        engine = tiny_engine(seed, attention=0.4, scale=0.5, vocab=TOOL_VOCAB)
+        for name in ("one-draft", "several-drafts", "forced-close", "small-verify-chunks", "suffix-only-peer"):
+            cfg = {**BASE, "max_tokens": 80, "max_draft_tokens": 40, **dict(CASES)[name]}
+            for thinking in (True, False):
+                plain, ssr = (engine.generate(prompt_ids("abc"), tools=GUIDED_TOOLS, tool_choice="required",
+                                              thinking=thinking, config=SSRConfig(enabled=enabled, **cfg))
+                              for enabled in (False, True))
+                assert ssr.token_ids == plain.token_ids, (seed, name, thinking)
+                written = plain.answer.split(opening.strip(), 1)[1]
+                names[written.split('"', 1)[0]] += 1
+                assert written.split('"', 1)[1].startswith(', "arguments":'), written
+                closed = json_object_end(plain.answer, plain.answer.find("{"))
+                ends[closed is not None] += 1
+                assert closed in (None, len(plain.answer)), plain.answer  # the closing brace ends the answer
+    assert set(names) <= {"ab", "abc", "h_z"}, names
+    assert ends[True], ends  # some calls closed within the budget
+
+
+def test_one_bound_tool_is_forced_by_name():
+    """A required call with one bound tool is a call to that tool: its name is forced text, not decoded."""
+    engine = tiny_engine(0, attention=0.4, scale=0.5, vocab=TOOL_VOCAB)
+    opening = tool_call_opening(TINY_FAMILY, "required", GUIDED_TOOLS[:1])
+    assert opening.endswith('{"name": "ab", "arguments":')
+    result = engine.generate(prompt_ids("abc"), tools=GUIDED_TOOLS[:1], tool_choice="required",
+                             config=SSRConfig(**{**BASE, "max_tokens": 80}, draft_start=2))
+    assert opening.strip() in result.answer
+    assert result.stats["forced_tokens"] >= len(engine.tokenizer.encode(opening, add_special_tokens=False))

@@ -10,7 +10,7 @@ from scipy.stats import chi2_contingency, chisquare
 
 from ssr import SSRConfig
 from ssr.accept import Sampler, verify
-from tiny import TINY_FAMILY, prompt_ids, tiny_engine
+from tiny import GUIDED_TOOLS, TINY_FAMILY, TOOL_VOCAB, prompt_ids, tiny_engine
 
 P_THRESHOLD = 1e-3  # fixed seeds make each test deterministic; a sound test passes far above this
 
@@ -88,3 +88,24 @@ def test_end_to_end_distribution_matches_plain_sampling(tiny_sampling, variant):
     if sum(rest) == 0:
         table = [row[:-1] for row in table]
     assert chi2_contingency(table).pvalue > P_THRESHOLD
+
+
+def test_guided_tool_names_keep_the_distribution():
+    """A required call among several tools: SSR samples the guided name (drafts and schema proposals verified on
+    masked rows) with plain sampling's distribution."""
+    engine = tiny_engine(5, attention=0.3, scale=0.6, vocab=TOOL_VOCAB)
+    cfg = dict(temperature=1.0, max_think_tokens=2, max_tokens=40, draft_start=0, max_draft_tokens=20)
+    names, accepted = [], 0
+    for enabled in (False, True):
+        counts = collections.Counter()
+        for seed in range(400):
+            r = engine.generate(prompt_ids("ab"), tools=GUIDED_TOOLS, tool_choice="required",
+                                config=SSRConfig(enabled=enabled, seed=seed, **cfg))
+            counts[r.answer.split('{"name": "', 1)[1].split('"', 1)[0]] += 1
+            accepted += r.stats["accepted_tokens"]
+        names.append(counts)
+    plain, ssr = names
+    assert set(plain) | set(ssr) <= {"ab", "abc", "h_z"} and len(plain) >= 2, names
+    assert accepted > 400, accepted  # proposals really were verified on guided rows
+    keys = sorted(set(plain) | set(ssr))
+    assert chi2_contingency([[plain[k] for k in keys], [ssr[k] for k in keys]]).pvalue > P_THRESHOLD

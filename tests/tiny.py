@@ -15,12 +15,17 @@ from ssr.chat import ChatFamily
 from ssr.engine import SSREngine
 
 VOCAB = ["<eos>", "</think>", "Wait", "\n", " ", "a", "b", "c", "d", "e", "f", "g", "h", "x", "y", "z"]
+# enough to spell a required call's forced opening and guided name: <tool_call>\n{"name": "ab", "arguments":
+TOOL_VOCAB = VOCAB + ["<tool_call>", "{", "}", '"', ":", ",", "_", "n", "m", "r", "u", "t", "s"]
+GUIDED_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+                for name in ("ab", "abc", "h_z")]  # names the guide must keep a random model to
 TINY_FAMILY = ChatFamily(name="tiny", close_text="\n</think>\n", continue_text="Wait", think_prefill="")
 
 
 def tiny_tokenizer(vocab: list[str] = VOCAB) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="x"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("</think>|Wait|<eos>|\\n|."), behavior="isolated")
+    words = "|".join(t for t in vocab if len(t) > 1)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|\\n|."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="x")
 
@@ -41,11 +46,13 @@ def tiny_model(seed: int, vocab_size: int = len(VOCAB), attention: float = 1.0, 
     return model
 
 
-def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, **config) -> SSREngine:
+def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, vocab: list[str] = VOCAB,
+                **config) -> SSREngine:
     from ssr import SSRConfig
 
-    tokenizer = tiny_tokenizer()
-    backend = TransformersBackend(tiny_model(seed, attention=attention, scale=scale), "tiny", {0}, 0)
+    tokenizer = tiny_tokenizer(vocab)
+    model = tiny_model(seed, vocab_size=len(vocab), attention=attention, scale=scale)
+    backend = TransformersBackend(model, "tiny", {0}, 0)
     backend.tokenizer = tokenizer
     return SSREngine(backend, tokenizer, config=SSRConfig(**config), family=TINY_FAMILY, model_name=f"tiny-{seed}")
 

@@ -19,6 +19,8 @@ Mechanism (measured; see ``ssr/backends/vllm_bench.py``):
   ``-inf``. Greedy decoding needs only the top-1, so greedy output is exact. Sampling is exact only with
   ``logprobs=-1`` (the full vocabulary; slower: a full sort per row); with a finite ``logprobs=K`` it samples from
   the top-K renormalised, i.e. as if ``top_k=K`` were applied. ``backend.logits_topk`` says which (None: full).
+  A required call's tool-name guide masks within those K scores; where none of them may continue a bound name, the
+  row is left unguided (plain decoding and SSR alike), so with a finite K a name can fall outside the bound tools.
 * Rows for several positions of one lane (verification) come from ``prompt_logprobs`` of the chunk. vLLM 0.32
   does not register prompt logprobs for a continued session, so this module adds that one registration to the
   model runner (in-process only; see ``_patch_session_prompt_logprobs``). Where it cannot (a multi-process

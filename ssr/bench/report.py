@@ -143,7 +143,7 @@ def plot_latency_ratio(summary: dict[str, dict[str, dict[str, Any]]], path: Path
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(suites))])
     ax.set_xticklabels(suites)
     ax.set_ylabel("latency / plain (geo. mean)")
-    ax.set_title("End-to-end latency relative to plain decoding (lower is better)")
+    ax.set_title("Latency relative to plain decoding\n(lower is better)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

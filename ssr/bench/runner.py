@@ -284,6 +284,8 @@ def _warmup(engine, item: dict[str, Any]) -> None:
     try:
         engine.generate(item["messages"], tools=item.get("tools"),
                         config=SSRConfig(enabled=True, max_think_tokens=4, draft_start=1, max_tokens=8))
+        if item.get("tools"):
+            engine.token_texts()  # the tool-name guide's index
     except Exception:  # noqa: BLE001 - the real runs will report it
         pass
 
