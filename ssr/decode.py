@@ -184,8 +184,7 @@ class Request:
         self.live.append(draft)
 
     def _advance_draft(self, draft: Draft, logits: torch.Tensor) -> None:
-        said = self.transcript.answer_residual_of(self.transcript.close_ids) + self.transcript.decode(draft.tokens)
-        logits = self._guided(logits, said, draft.boot)
+        logits = self._guided(logits, self.transcript.draft_answer(draft.tokens), draft.boot)
         if draft.boot:
             accepted, token = verify(self.sampler, draft.boot, logits, draft.boot_probs)
             draft.tokens = draft.boot[:accepted] + [token]
@@ -213,7 +212,7 @@ class Request:
     def _draft_hit_stop(self, draft: Draft) -> bool:
         """The draft reached a stop string or closed a required call: the rest of its lane would be wasted."""
         t = self.transcript
-        if t.answer_opening and t.call_end(t.answer_residual_of(t.close_ids) + t.decode(draft.tokens)) is not None:
+        if t.answer_opening and t.call_end(t.draft_answer(draft.tokens)) is not None:
             return True
         if not self.config.stop:
             return False
@@ -255,9 +254,8 @@ class Request:
     def _align(self, draft: Draft) -> int | None:
         """Where in the draft the answer so far ends (by text; the closing token may merge with what follows)."""
         said = self.transcript.raw_answer()
-        draft_residual = self.transcript.answer_residual_of(self.transcript.close_ids)
         for j in range(min(len(draft.tokens), 8) + 1):
-            if draft_residual + self.transcript.decode(draft.tokens[:j]) == said:
+            if self.transcript.draft_answer(draft.tokens[:j]) == said:
                 return j
         return None
 

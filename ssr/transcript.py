@@ -160,6 +160,10 @@ class Transcript:
         at = raw.find(self.answer_opening) if self.answer_opening else -1
         return json_object_end(raw, raw.find("{", at)) if at >= 0 else None
 
+    def draft_answer(self, tokens: list[int]) -> str:
+        """A draft's answer text: what its forced close leaves after the marker, then its own tokens."""
+        return self.answer_residual_of(self.close_ids) + self.decode(tokens)
+
     def answer_residual_of(self, ids: list[int]) -> str:
         """Text after the close marker in ``ids`` (e.g. a draft's forced close text)."""
         text = self.decode(ids)
