@@ -1,4 +1,5 @@
-"""The ``ssr`` command: ``ssr chat "question"`` streams a reasoning chat with SSR; ``ssr bench`` runs benchmarks."""
+"""The ``ssr`` command: ``ssr chat "question"`` streams a reasoning chat with SSR; ``ssr calibrate`` measures this
+machine's step costs; ``ssr bench`` runs benchmarks."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def chat(args) -> int:
     dim, bold, reset = (DIM, BOLD, RESET) if color else ("", "", "")
     engine = SSREngine.from_pretrained(args.model, backend=args.backend)
     config = _config(args)
+    for enabled in (True, False):  # untimed: a process's first steps pay one-off set-up that neither method owns
+        engine.generate(args.question, config=config.override(enabled=enabled, max_tokens=4, draft_start=0))
     print(f"{bold}model:{reset} {engine.model_name} ({args.backend})\n{bold}reasoning:{reset}")
     start, kind, result = time.perf_counter(), "reasoning", None
     for event in engine.stream(args.question, config=config):
@@ -66,14 +69,51 @@ def chat(args) -> int:
 
 def _print_stats(stats: dict, seconds: float, bold: str, reset: str) -> None:
     drafts = ", ".join(f"budget {d['budget']}: {d['accepted']}/{d['length']} accepted" for d in stats["drafts"])
+    think = stats["speculation"]["think"]
     print(f"{bold}SSR:{reset} {seconds:.1f} s; thinking {stats['think_tokens']} tokens "
-          f"(closed by {stats['think_closed_by']}), answer {stats['answer_tokens']} tokens, "
-          f"{stats['accepted_tokens']} from drafts and proposals "
-          f"(prefix {stats['accepted_prefix_tokens']}, suffix {stats['accepted_suffix_tokens']})")
+          f"(closed by {stats['think_closed_by']}; {think['accepted']} of them from proposals, "
+          f"{stats['think_forward_passes']} passes), answer {stats['answer_tokens']} tokens "
+          f"({stats['accepted_tokens']} from drafts and proposals: prefix {stats['accepted_prefix_tokens']}, "
+          f"suffix {stats['accepted_suffix_tokens']}; {stats['answer_forward_passes']} passes)")
     print(f"{bold}forward passes:{reset} {stats['forward_passes']} (plain decoding needs "
-          f"{stats['plain_forward_passes']}; saved {stats['forward_passes_saved']}); answer phase "
-          f"{stats['answer_forward_passes']} passes, {stats['verify_passes']} of them verifying; drafts: "
-          f"{drafts or 'none'}")
+          f"{stats['plain_forward_passes']}; saved {stats['forward_passes_saved']}); drafts: {drafts or 'none'}"
+          + (f" ({stats['forks_declined']} declined by the cost model)" if stats["forks_declined"] else ""))
+    cost = stats.get("cost_model")
+    if cost:
+        print(f"{bold}cost model{reset} ({cost['source']} on this machine; one step {cost['base_ms']:.0f} ms): an "
+              f"extra lane adds {cost['extra_lane']:.2f} of a step; verifying 4 / 8 / 16 tokens costs "
+              f"{cost['verify_4']:.2f} / {cost['verify_8']:.2f} / {cost['verify_16']:.2f} steps"
+              + (f"; linear kernels {_kernels(cost['kernels'])}" if cost.get("kernels") else ""))
+
+
+def _kernels(table) -> str:
+    from .calibrate import kernels_text
+
+    return kernels_text(table)
+
+
+def calibrate(args) -> int:
+    """Measure (again) the kernel choice and the step-cost table of the model on this machine, and cache them."""
+    from .backends import load_backend
+    from .calibrate import NOISY, cache_path, calibrated, kernels_text, markdown
+    from .models import canonical_name, resolve_model
+
+    name = canonical_name(args.model)
+    backend = load_backend(args.backend, resolve_model(args.model), name)
+    table = calibrated(backend, refresh=True)
+    kernels = table.meta.get("kernels")
+    print(f"model: {name} ({args.backend}, {table.meta.get('dtype')}, {table.meta.get('device')}); "
+          f"machine: {table.meta.get('machine')}")
+    print(f"linear kernel per input rows: {kernels_text(kernels) if kernels else 'not chosen by this backend'}")
+    print(f"step cost relative to one lane decoding one token ({1e3 * table.base_seconds:.1f} ms, "
+          f"context {table.meta.get('context')} tokens):\n")
+    print(markdown(table))
+    if table.meta.get("spread", 0) > NOISY:
+        print(f"\nnot cached: repetitions of a point differ by {100 * table.meta['spread']:.0f}% (median), so other "
+              "processes shared the machine; measure again when it is idle")
+    else:
+        print(f"\ncached in {cache_path(backend, context=table.meta['context'], rows=table.rows, widths=table.widths)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     p.add_argument("--no-color", action="store_true")
     p.set_defaults(func=chat)
+    p = commands.add_parser("calibrate", help="measure this machine's step costs (and linear kernels) for a model")
+    p.add_argument("--model", default=None, help="model name or local directory (default: the embedded model)")
+    p.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server")
+    p.set_defaults(func=calibrate)
     try:
         from .bench.cli import add_parser
     except ImportError:  # the bench extra is not installed

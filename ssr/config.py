@@ -24,6 +24,9 @@ class SSRConfig:
     max_drafts: int = 2
     max_draft_tokens: int = 256
     bootstrap_drafts: bool = True
+    # speculation outside the answer: the thinking lane and the draft lanes verify suffix proposals too
+    think_speculation: bool = True
+    draft_speculation: bool = True
     # answer phase
     prefix_accept: bool = True
     suffix_decoding: bool = True

@@ -9,8 +9,10 @@ from typing import Any, AsyncIterator, Iterator
 from .backends import load_backend
 from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, tool_call_opening, tool_instruction
 from .config import SSRConfig
+from .costs import CostTable
 from .decode import Request
 from .models import canonical_name, resolve_model
+from .policy import SpeculationPolicy
 from .schema import ToolNameGuide, token_ids_by_text
 from .result import GenerationResult, StreamEvent
 
@@ -22,7 +24,7 @@ class SSREngine:
     """One loaded model and its backend; requests run one at a time on it (a lock guards the backend)."""
 
     def __init__(self, backend, tokenizer, config: SSRConfig | None = None, family: ChatFamily | None = None,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, costs: CostTable | None = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config or SSRConfig()
@@ -30,15 +32,32 @@ class SSREngine:
         self.model_name = model_name or backend.model_name
         self._lock = threading.Lock()
         self._token_texts: dict[str, list[int]] | None = None  # for the tool-name guide, built on first use
+        self._policy = SpeculationPolicy(costs) if costs is not None else None  # None: calibrate on first use
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
                         config: SSRConfig | None = None, family: ChatFamily | None = None,
-                        **backend_kwargs) -> "SSREngine":
-        """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``."""
+                        costs: CostTable | None = None, **backend_kwargs) -> "SSREngine":
+        """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``, and
+        its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
         loaded = load_backend(backend, resolve_model(model), name, **backend_kwargs)
-        return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name)
+        engine = cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs)
+        engine.policy  # noqa: B018 - calibrate at load, not inside the first timed request
+        return engine
+
+    @property
+    def policy(self) -> SpeculationPolicy:
+        """The speculation policy: this machine's measured step costs and the acceptance rates seen so far."""
+        if self._policy is None:
+            from .calibrate import calibrated
+
+            self._policy = SpeculationPolicy(calibrated(self.backend))
+        return self._policy
+
+    @property
+    def costs(self) -> CostTable:
+        return self.policy.costs
 
     @property
     def context_window(self) -> int:
@@ -84,7 +103,8 @@ class SSREngine:
         cfg = (config or self.config).override(**overrides)
         ids = self.encode(prompt, tools, tool_choice)
         opening = tool_call_opening(self.family, tool_choice, tools)
-        return Request(self.backend, self.tokenizer, self.family, cfg, ids, thinking=thinking, cancel=cancel,
+        policy = self.policy if cfg.enabled else SpeculationPolicy(CostTable.linear())
+        return Request(self.backend, self.tokenizer, self.family, cfg, ids, policy, thinking=thinking, cancel=cancel,
                        tools=tools if tool_choice != "none" else None, answer_opening=opening,
                        guide=self._name_guide(opening, tools))
 

@@ -1,7 +1,8 @@
 """The main lane's generated tokens and what they mean: thinking, forced text, answer, and when to stop.
 
 Plain decoding and SSR push the same tokens through the same transcript, so budget forcing, stop strings and
-``max_tokens`` act identically in both.
+``max_tokens`` act identically in both. Text is decoded incrementally (``IncrementalText``), so the work per pushed
+token does not grow with the length of the chain of thought.
 """
 
 from __future__ import annotations
@@ -12,6 +13,67 @@ from .chat import ChatFamily
 from .config import SSRConfig
 
 CONTINUE, CLOSED, REWOUND, FINISHED = "continue", "closed", "rewound", "finished"
+CONTEXT = 4  # tokens decoded ahead of the new ones, for decoders whose text for a token depends on what precedes it
+STEP = 64  # most tokens decoded in one window when catching up
+
+
+class IncrementalText:
+    """``decode(tokens[start:end])``, kept up to date as ``tokens`` grows by decoding only a short window each time.
+
+    The prefix/read-offset scheme of vLLM's incremental detokenizer. Text is final up to the last point where a
+    decoded window did not end in U+FFFD: there a byte-level decoder has no half-written character pending, so later
+    tokens cannot change it. Each update decodes the tokens since that point, with ``CONTEXT`` tokens before them, and
+    takes the text beyond what those context tokens alone decode to. For byte-level and concatenating decoders (Qwen,
+    GPT-2 style; tests/tiny.py) the text is exactly the full decode at every length, a trailing U+FFFD included while
+    a character is incomplete; a decoder that rewrites earlier text within the context is caught and decoded from the
+    start. ``tokenizers.decoders.DecodeStream`` does the same in Rust, but hides its pending tokens, cannot go back,
+    and skips the transformers tokenizer's own decode options. Only appends are incremental: cutting tokens before
+    the last final point starts again from scratch.
+    """
+
+    def __init__(self, decode, tokens: list[int], start: int = 0) -> None:
+        self._decode, self.tokens, self.start = decode, tokens, start
+        self.reset()
+
+    def reset(self) -> None:
+        self._final = ""  # text of tokens[start:read]; no later token changes it
+        self._read = self.start
+        self._context = self.start  # each window decodes tokens[context:end]
+        self._context_text = ""  # decode(tokens[context:read])
+        self._end = self.start  # tokens read so far
+        self._text = ""  # decode(tokens[start:end])
+
+    def truncate(self, n: int) -> None:
+        """Forget what was read beyond token ``n`` (the token list was cut there, or a shorter text is wanted):
+        back to the last final point if that is not beyond ``n``, else from scratch."""
+        if n < self._read:
+            self.reset()
+        elif n < self._end:
+            self._end, self._text = self._read, self._final
+
+    def text(self, end: int | None = None) -> str:
+        """``decode(tokens[start:end])`` (``end`` None: all tokens)."""
+        end = len(self.tokens) if end is None else max(end, self.start)
+        self.truncate(end)
+        while self._end < end:
+            self._advance(min(end, self._end + STEP))
+        return self._text
+
+    def _advance(self, end: int) -> None:
+        window = self._decode(self.tokens[self._context:end])
+        if not window.startswith(self._context_text):  # a decoder that rewrote earlier text: decode from the start
+            self.reset()
+            window = self._decode(self.tokens[self.start:end])
+        new = window[len(self._context_text):]
+        self._end = end
+        if window.endswith("\ufffd"):  # a character may still be incomplete: keep these tokens pending
+            self._text = self._final + new
+            return
+        self._final += new
+        self._text = self._final
+        self._read = end
+        self._context = max(self.start, end - CONTEXT)
+        self._context_text = self._decode(self.tokens[self._context:end])
 
 
 @dataclass
@@ -21,6 +83,10 @@ class Finish:
 
 
 class Transcript:
+    """Tokens change only through ``push`` (and the forced text it adds) and ``_rewind``; the text views rely on it."""
+
+    text_view = IncrementalText  # tests swap in a full decode to compare against
+
     def __init__(self, tokenizer, family: ChatFamily, config: SSRConfig, eos_ids: frozenset[int],
                  thinking: bool = True, answer_opening: str = "") -> None:
         self.tokenizer = tokenizer
@@ -32,6 +98,9 @@ class Transcript:
         self.close_ids = tokenizer.encode(family.close_text + answer_opening, add_special_tokens=False)
         self.continue_ids = tokenizer.encode(family.continue_text, add_special_tokens=False)
         self.tokens: list[int] = []
+        self._all = self.text_view(self.decode, self.tokens)  # every token: the reasoning, the close
+        self._shown = self.text_view(self.decode, self.tokens)  # the thinking text a stream may show (lags behind)
+        self._answer = None if thinking else self.text_view(self.decode, self.tokens)
         self.thinking = thinking
         self.answer_start = 0 if not thinking else None  # index of the first answer token
         self.answer_residual = ""  # text after the close marker inside the closing token(s)
@@ -81,7 +150,7 @@ class Transcript:
         if len(self.tokens) >= self.config.max_tokens:
             self.finish = Finish("length")
             if self.thinking:
-                self.reasoning_text = self.decode(self.tokens)
+                self.reasoning_text = self._all.text()
             return FINISHED
         return CONTINUE
 
@@ -93,11 +162,13 @@ class Transcript:
 
     def _rewind(self) -> str:
         """min_think_tokens: drop the tokens that spelled the close marker and continue thinking instead."""
-        at = self.decode(self.tokens).rfind(self.marker)
+        at = self._all.text().rfind(self.marker)
         cut = len(self.tokens) - 1
         while cut > 0 and len(self.decode(self.tokens[:cut])) > at:
             cut -= 1
         del self.tokens[cut:]
+        self._all.truncate(cut)
+        self._shown.truncate(cut)  # usually kept: it lags behind the tokens that spelled the marker
         self._append_forced(self.continue_ids)
         return REWOUND
 
@@ -110,7 +181,7 @@ class Transcript:
         self.forced += len(ids)
 
     def _mark_closed(self, by: str) -> str:
-        text = self.decode(self.tokens)
+        text = self._all.text()
         at = text.rfind(self.marker)
         reasoning = text[:at]
         for k in range(len(self.marker) - 1, 0, -1):  # a budget can cut the model off mid-way through "</think>"
@@ -120,6 +191,7 @@ class Transcript:
         self.reasoning_text = reasoning
         self.answer_residual = text[at + len(self.marker):]
         self.answer_start = len(self.tokens)
+        self._answer = self.text_view(self.decode, self.tokens, start=self.answer_start)
         self.thinking = False
         self.closed_by = by
         if by == "model" and self.answer_opening:  # forced closes carry the opening in close_ids already
@@ -175,7 +247,7 @@ class Transcript:
         """Answer text as generated (leading whitespace kept), before stop-string truncation."""
         if self.answer_start is None:
             return ""
-        return self.answer_residual + self.decode(self.answer_tokens)
+        return self.answer_residual + self._answer.text()
 
     def answer(self) -> str:
         raw = self.raw_answer()
@@ -185,8 +257,27 @@ class Transcript:
 
     def reasoning(self) -> str:
         if self.answer_start is None and not self.reasoning_text:
-            return self.decode(self.tokens).strip()
+            return self._all.text().strip()
         return self.reasoning_text.strip()
+
+    def visible(self, hold: int) -> tuple[str, str]:
+        """(reasoning, answer) text that a stream may show now and never take back.
+
+        While thinking, the last ``len(close_ids) + 1`` tokens are held back (an early close may still be rewound);
+        while the answer is unfinished, its last ``hold`` characters are (a stop string may still start there).
+        A trailing U+FFFD is an incomplete character and is held back too.
+        """
+        if self.thinking and self.finish is None:
+            lag = len(self.close_ids) + 1
+            reasoning = self._shown.text(max(0, len(self.tokens) - lag)).strip()
+            reasoning = reasoning[:-1] if reasoning.endswith("\ufffd") else reasoning
+        else:
+            reasoning = self.reasoning()
+        answer = self.answer()
+        if self.finish is None:
+            answer = answer[: max(0, len(answer) - hold)]
+            answer = answer[:-1] if answer.endswith("\ufffd") else answer
+        return reasoning, answer
 
 
 def json_object_end(text: str, start: int) -> int | None:

@@ -8,8 +8,10 @@ import pytest
 
 from ssr import SSRConfig
 from ssr.chat import tool_call_opening
+from ssr.costs import CostTable
+from ssr.policy import SpeculationPolicy
 from ssr.transcript import json_object_end
-from tiny import GUIDED_TOOLS, TINY_FAMILY, TOOL_VOCAB, prompt_ids, tiny_engine
+from tiny import GUIDED_TOOLS, TINY_FAMILY, TOOL_VOCAB, bigram_engine, prompt_ids, tiny_engine
 
 # (name, config overrides): each exercises one path of the engine
 CASES = [
@@ -28,10 +30,16 @@ CASES = [
     ("forced-close", dict(draft_start=1, max_think_tokens=3)),
     ("min-think", dict(draft_start=1, min_think_tokens=8, max_think_tokens=14)),
     ("stop-strings", dict(draft_start=1, stop=("y", "g\n"))),
+    # speculation outside the answer (on in every case above; these isolate and stretch it)
+    ("think-speculation-only", dict(max_drafts=0, suffix_decoding=False, suffix_min_match=1, suffix_min_prob=0.0)),
+    ("think-speculation-long", dict(draft_start=100, max_think_tokens=30, min_think_tokens=10, suffix_min_match=1,
+                                    suffix_min_prob=0.0, max_suffix_tokens=6)),
+    ("draft-speculation", dict(draft_start=0, think_speculation=False, suffix_min_match=1, suffix_min_prob=0.0)),
+    ("no-speculation-outside-answer", dict(draft_start=1, think_speculation=False, draft_speculation=False)),
 ]
 BASE = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=24)
 MODELS = [(seed, attention) for seed in range(3) for attention in (0.0, 0.4, 1.0)]
-PROMPTS = ("abc\nde", "hhh", "xyz")
+PROMPTS = ("abc\nde", "hhh", "xyz", [5, 6, 0, 5, 6, 1, 5, 6, 3])  # the last holds EOS and "</think>" ids
 
 
 def run_pair(engine, overrides, prompt):
@@ -52,7 +60,7 @@ def outcomes(engines):
     runs = []
     for name, overrides in CASES:
         for i, (model, engine) in enumerate(engines.items()):
-            prompt = prompt_ids(PROMPTS[i % len(PROMPTS)])
+            prompt = _prompt(PROMPTS[i % len(PROMPTS)])
             runs.append((name, model, *run_pair(engine, overrides, prompt)))
     return runs
 
@@ -96,6 +104,45 @@ def test_every_path_was_exercised(outcomes):
         assert seen[path] > 0, f"no run exercised {path}: {dict(seen)}"
 
 
+def test_speculation_paths_were_exercised(outcomes):
+    """Thinking-lane and draft-lane speculation: accepted and rejected runs, and runs that a transcript rule cut
+    (the model's close, the budget's forced close, a "Wait" continuation, EOS, max_tokens, a stop string)."""
+    seen = collections.Counter()
+    for _, _, _, ssr in outcomes:
+        spec = ssr.stats["speculation"]
+        seen["think_accepted"] += spec["think"]["accepted"] > 0
+        seen["think_rejected"] += spec["think"]["proposed"] > spec["think"]["accepted"]
+        seen["draft_accepted"] += spec["draft"]["accepted"] > 0
+        seen["draft_rejected"] += spec["draft"]["proposed"] > spec["draft"]["accepted"]
+        for phase in ("think", "answer"):
+            for rule, n in spec[phase]["ended"].items():
+                seen[f"{phase}:{rule}"] += n
+    for path in ("think_accepted", "think_rejected", "draft_accepted", "draft_rejected", "think:close:model",
+                 "think:close:budget", "answer:finish:stop"):
+        assert seen[path] > 0, f"no run exercised {path}: {dict(seen)}"
+
+
+def test_nothing_pays_on_a_linear_cost_table():
+    """A machine where every extra row or token costs a whole step: the policy proposes nothing and forks no
+    draft, so SSR takes exactly plain decoding's forward passes."""
+    declined = 0
+    for seed in range(3):
+        engine = tiny_engine(seed, attention=0.4, scale=0.5)
+        engine._policy = SpeculationPolicy(CostTable.linear())
+        for name, overrides in CASES:
+            plain, ssr = run_pair(engine, overrides, _prompt(PROMPTS[seed]))
+            assert ssr.token_ids == plain.token_ids, (seed, name)
+            assert ssr.stats["forward_passes"] == plain.stats["forward_passes"], (seed, name)
+            assert ssr.stats["drafts"] == [] and ssr.stats["speculation"]["think"]["proposed"] == 0
+            assert ssr.stats["proposed_tokens"] == 0
+            declined += ssr.stats["forks_declined"]
+    assert declined > 0  # drafts were due and the cost model turned them down
+
+
+def _prompt(spec):
+    return list(spec) if isinstance(spec, list) else prompt_ids(spec)
+
+
 def _draft_tokens(result, record):  # drafts report lengths, not tokens; EOS shows as a draft shorter than its cap
     return [0] if record["length"] < BASE["max_draft_tokens"] and record["length"] > 0 else []
 
@@ -103,7 +150,8 @@ def _draft_tokens(result, record):  # drafts report lengths, not tokens; EOS sho
 def test_full_acceptance_needs_few_verify_passes():
     """A bigram model drafts exactly what the verifier will say: one verify pass replaces the whole answer."""
     engine = tiny_engine(1, attention=0.0, scale=0.5)
-    cfg = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=40, draft_start=1, suffix_decoding=False)
+    cfg = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=40, draft_start=1, suffix_decoding=False,
+               think_speculation=False)  # thinking at one token a pass: the draft gets its whole length
     plain, ssr = run_pair(engine, cfg, prompt_ids("abc\nde"))
     assert ssr.token_ids == plain.token_ids
     answer_steps = plain.stats["answer_forward_passes"]
@@ -148,7 +196,7 @@ def test_forced_tool_call_opening_is_exact(engines, tool_choice):
     shown = tokenizer.decode(tokenizer.encode(opening, add_special_tokens=False), skip_special_tokens=True).strip()
     closes = collections.Counter()
     for i, engine in enumerate(engines.values()):
-        prompt = prompt_ids(PROMPTS[i % len(PROMPTS)])
+        prompt = _prompt(PROMPTS[i % len(PROMPTS)])
         for name in ("one-draft", "several-drafts", "forced-close", "min-think", "suffix-only-peer"):
             cfg = {**BASE, **dict(CASES)[name]}
             for thinking in (True, False):
@@ -196,3 +244,42 @@ def test_one_bound_tool_is_forced_by_name():
                              config=SSRConfig(**{**BASE, "max_tokens": 80}, draft_start=2))
     assert opening.strip() in result.answer
     assert result.stats["forced_tokens"] >= len(engine.tokenizer.encode(opening, add_special_tokens=False))
+
+
+CLOSING = {"a": "b", "b": "c", "c": "</think>", "</think>": "x", "Wait": "a", "\n": "x", "x": "y", "y": "z",
+           "z": "<eos>", "<eos>": "a"}  # thinks "abc", closes; answers "xyz" and ends
+LOOPING = {**CLOSING, "c": "a"}  # thinks "abcabc..." until the budget closes it
+ENDING = {**CLOSING, "c": "<eos>"}  # ends its turn inside the thinking (which is then force-closed)
+DESIGNED = [  # (model, config, the rules that must end a phase right after accepted proposed tokens)
+    (CLOSING, dict(min_think_tokens=8, max_think_tokens=30, draft_start=100), {"think:rewound", "think:close:model",
+                                                                              "answer:finish:stop"}),
+    (CLOSING, dict(min_think_tokens=8, max_think_tokens=30, draft_start=1, stop=("z",)), {"answer:finish:stop"}),
+    (LOOPING, dict(max_think_tokens=14, draft_start=2), {"think:close:budget"}),
+    (LOOPING, dict(max_think_tokens=40, max_tokens=20, draft_start=2), {"think:finish:length"}),
+    (ENDING, dict(max_think_tokens=30, draft_start=100, prompt="abc"), {"think:close:eos"}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DESIGNED)))
+def test_accepted_runs_cut_by_transcript_rules(case):
+    """A model built to think in a cycle: thinking-lane proposals copy the cycle, so accepted runs reach a "Wait"
+    continuation, the model's close, the budget, max_tokens, EOS and stop strings, and every rule still acts exactly
+    where plain decoding applies it."""
+    successors, overrides, rules = DESIGNED[case]
+    engine = bigram_engine(successors)
+    overrides = dict(overrides)
+    # "xyz<eos>ab": text for the answer to copy; "abc<eos>xyz<eos>ab": a thinking that copies an end of turn
+    head = overrides.pop("prompt", None)
+    prompt = (prompt_ids(head) + [0] if head else []) + prompt_ids("xyz") + [0] + prompt_ids("ab")
+    cfg = {"max_tokens": 60, "suffix_min_match": 1, "suffix_min_prob": 0.0, **overrides}
+    plain = engine.generate(prompt, config=SSRConfig(enabled=False, **cfg))
+    ssr = engine.generate(prompt, config=SSRConfig(**cfg))
+    assert ssr.token_ids == plain.token_ids and ssr.answer == plain.answer and ssr.reasoning == plain.reasoning
+    assert ssr.finish_reason == plain.finish_reason
+    spec = ssr.stats["speculation"]
+    ended = {f"{phase}:{rule}" for phase in ("think", "answer") for rule in spec[phase]["ended"]}
+    assert rules <= ended, (rules, spec)
+    assert spec["think"]["accepted"] > 0
+    assert ssr.stats["forward_passes"] < plain.stats["forward_passes"]
+    if cfg["draft_start"] < 100:
+        assert spec["draft"]["accepted"] > 0 or ssr.stats["drafts"]

@@ -90,6 +90,30 @@ def test_end_to_end_distribution_matches_plain_sampling(tiny_sampling, variant):
     assert chi2_contingency(table).pvalue > P_THRESHOLD
 
 
+def test_thinking_speculation_keeps_the_distribution():
+    """Point-mass proposals in the thinking lane (and draft lanes) with a long thinking: the sampled chains of thought
+    and answers follow plain sampling's distribution."""
+    engine = tiny_engine(3, attention=0.3, scale=0.6)
+    cfg = dict(temperature=1.0, max_think_tokens=6, max_tokens=9, draft_start=1, max_draft_tokens=4,
+               suffix_min_match=1, suffix_min_prob=0.0)
+    samples, accepted = [], 0
+    for enabled in (False, True):
+        counts = collections.Counter()
+        for seed in range(400):
+            r = engine.generate(prompt_ids("ab"), config=SSRConfig(enabled=enabled, seed=seed, **cfg))
+            counts[engine.tokenizer.decode(r.token_ids[1:4])] += 1
+            accepted += r.stats["think_accepted_tokens"]
+        samples.append(counts)
+    plain, ssr = samples
+    assert accepted > 20, accepted  # thinking proposals really were verified and accepted
+    keys = [k for k in plain if plain[k] + ssr[k] >= 10]
+    rest = [sum(v for k, v in c.items() if k not in keys) for c in (plain, ssr)]
+    table = [[plain[k] for k in keys] + rest[:1], [ssr[k] for k in keys] + rest[1:]]
+    if sum(rest) == 0:
+        table = [row[:-1] for row in table]
+    assert chi2_contingency(table).pvalue > P_THRESHOLD
+
+
 def test_guided_tool_names_keep_the_distribution():
     """A required call among several tools: SSR samples the guided name (drafts and schema proposals verified on
     masked rows) with plain sampling's distribution."""

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ssr.backends.transformers import TransformersBackend
 from ssr.chat import ChatFamily
+from ssr.costs import CostTable
 from ssr.engine import SSREngine
 
 VOCAB = ["<eos>", "</think>", "Wait", "\n", " ", "a", "b", "c", "d", "e", "f", "g", "h", "x", "y", "z"]
@@ -54,7 +55,31 @@ def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, vocab
     model = tiny_model(seed, vocab_size=len(vocab), attention=attention, scale=scale)
     backend = TransformersBackend(model, "tiny", {0}, 0)
     backend.tokenizer = tokenizer
-    return SSREngine(backend, tokenizer, config=SSRConfig(**config), family=TINY_FAMILY, model_name=f"tiny-{seed}")
+    # a flat cost table: every proposal and draft pays, so the exactness matrix exercises every speculation path
+    return SSREngine(backend, tokenizer, config=SSRConfig(**config), family=TINY_FAMILY, model_name=f"tiny-{seed}",
+                     costs=CostTable.flat())
+
+
+def bigram_engine(next_of: dict[str, str], **config) -> SSREngine:
+    """A model built by hand whose greedy next token is ``next_of[token]`` (a cycle through "</think>", say): its
+    attention and MLP are zeroed, embeddings are one-hot, and the output head maps each token to its successor."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(0, attention=0.0)
+    ids = {t: i for i, t in enumerate(VOCAB)}
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(len(VOCAB), model.config.hidden_size))
+        head = torch.zeros_like(model.lm_head.weight)
+        for token, successor in next_of.items():
+            head[ids[successor], ids[token]] = 1.0
+        model.lm_head.weight.copy_(head)
+    backend = TransformersBackend(model, "bigram", {0}, 0)
+    backend.tokenizer = tokenizer
+    from ssr import SSRConfig
+
+    return SSREngine(backend, tokenizer, config=SSRConfig(**config), family=TINY_FAMILY, model_name="bigram",
+                     costs=CostTable.flat())
 
 
 def prompt_ids(text: str = "abc\nde") -> list[int]:

@@ -1,9 +1,16 @@
 """In-process PyTorch backend: every live lane is one row of one batched KV cache.
 
-Rows grow in lock-step (one ``DynamicCache``), so a lane that is fed fewer tokens than another in the same pass gets
-padding columns that its attention mask hides; rejected proposals are hidden the same way. Each lane keeps the cache
-columns that hold its tokens, and position ids are explicit, so a row's holes never shift its positions. Trailing
-columns that no row uses are cropped, which keeps the single-lane answer phase hole-free.
+Rows grow in lock-step, so a lane that is fed fewer tokens than another in the same pass gets padding columns that
+its attention mask hides; rejected proposals are hidden the same way. Each lane keeps the cache columns that hold its
+tokens, and position ids are explicit, so a row's holes never shift its positions. Trailing columns that no row uses
+are cropped, which keeps the single-lane answer phase hole-free.
+
+The cache (``BufferedCache``) and the ``[rows, columns]`` attention mask live in buffers with spare capacity that
+double when full, so a step writes only its new columns: its copying does not grow with the sequence length.
+
+On CPU every ``nn.Linear`` dispatches per call, by its number of input rows, to the kernel measured fastest for that
+row count on this machine (``select_kernels``): which product is fastest for 2-32 rows differs between CPUs (see
+DESIGN.md), so no choice is built in; until measured, ``F.linear`` runs everywhere.
 
 Between requests the last request's main lane stays parked: the next request whose prompt extends it (an agent's
 next step: same conversation plus a tool result) starts from that cache and prefills only the new tokens.
@@ -11,32 +18,19 @@ next step: same conversation plus a tool result) starts from that cache and pref
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
-from .base import Backend, stop_token_ids
+from .base import Backend, rows_wanted, stop_token_ids
+from .kernels import DEFAULT_KERNELS, SELECT_ROWS, KernelChoice, choose_kernels, kernel_ranges, time_kernels
+from .kv_cache import BufferedCache
 
-SKINNY_ROWS = 32  # up to this many rows, a CPU linear layer runs as one weight-stationary product (see below)
+__all__ = ["TransformersBackend", "BufferedCache", "kernel_ranges"]
 
-
-def _skinny_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` computed as ``(W @ x.T).T`` for a few rows.
-
-    On CPU, ``F.linear`` with 2-32 rows costs about one pass over the weights per row, so a draft lane doubled the
-    cost of a thinking step; ``W @ x.T`` reads the weights once for all rows (measured on the default model, 2 CPU
-    cores: one MLP projection 3.5 ms -> 1.4 ms at 2 rows, 1.5 ms at 1 row either way). Plain decoding and SSR run
-    the same layers, so the comparison between them stays fair.
-    """
-    rows = x.numel() // x.shape[-1]
-    if rows > SKINNY_ROWS:
-        return F.linear(x, layer.weight, layer.bias)
-    y = torch.mm(layer.weight, x.reshape(rows, x.shape[-1]).T).T
-    if layer.bias is not None:
-        y = y + layer.bias
-    return y.reshape(*x.shape[:-1], layer.weight.shape[0])
+# -- the backend ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -56,16 +50,22 @@ class TransformersBackend(Backend):
         self.eos_token_ids = frozenset(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self._lanes: dict[int, _Lane] = {}
         self._next_id = 0
-        self._cache = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, columns]: 1 = visible
+        layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self._cache = BufferedCache(layers, max_columns=self.context_window)
+        self._mask_buf = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [rows, columns]: True = visible
+        self._columns = 0  # used cache columns
+        self._mask_bytes = 0
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._parked: int | None = None  # lane kept from the previous request for prefix reuse
+        self._choice = KernelChoice()
+        self.kernels: list[tuple[int | None, str]] = list(DEFAULT_KERNELS)
         if self.device.type == "cpu":
             for layer in self.model.modules():
                 if isinstance(layer, torch.nn.Linear):
-                    layer.forward = partial(_skinny_linear, layer)
+                    layer.forward = partial(self._choice, layer)
 
     @classmethod
     def load(cls, path: str, model_name: str, dtype: str | torch.dtype | None = None, device: str | None = None,
@@ -83,6 +83,49 @@ class TransformersBackend(Backend):
         backend.tokenizer = tokenizer
         return backend
 
+    # -- kernels ---------------------------------------------------------------------------------------------------
+    @property
+    def kernel_calls(self) -> collections.Counter:
+        """Linear calls per kernel so far (CPU only)."""
+        return self._choice.calls
+
+    def set_kernels(self, table) -> None:
+        """Use ``table`` (ascending ``(max_rows, kernel)`` ranges, the last ``(None, kernel)``) from now on."""
+        table = [(None if m is None else int(m), str(k)) for m, k in table]
+        self._choice.set(table)
+        self.kernels = table
+
+    def select_kernels(self, timings: dict[str, dict[int, float]] | None = None, rows=SELECT_ROWS, reps: int = 3,
+                       progress: bool = False, margin: float = 0.05) -> list[tuple[int | None, str]]:
+        """Pick, per row count, the kernel that runs this model's linear layers fastest here, and use it.
+
+        Noise on a shared machine must not flip choices: a kernel within ``margin`` of the fastest counts as fast,
+        and among those ``F.linear`` (the library's default) is preferred, then the previous row count's choice.
+        ``timings`` (``{kernel: {rows: seconds}}``) replaces the measurement (tests). Off CPU ``F.linear`` stays and
+        nothing is measured.
+        """
+        if timings is None:
+            if self.device.type != "cpu":
+                return list(self.kernels)
+            timings = self.time_kernels(rows, reps, progress)
+        self.set_kernels(choose_kernels(timings, margin))
+        return list(self.kernels)
+
+    def time_kernels(self, rows=SELECT_ROWS, reps: int = 3, progress: bool = False) -> dict[str, dict[int, float]]:
+        """Seconds per forward pass spent in this model's linear layers, per kernel and row count."""
+        return time_kernels(self.model, self.dtype, rows, reps, progress)
+
+    # -- counters for tests and benchmarks --------------------------------------------------------------------------
+    @property
+    def cache_growths(self) -> int:
+        """How many times the cache and mask buffers were reallocated to a larger capacity."""
+        return self._cache.growths
+
+    @property
+    def bytes_copied(self) -> int:
+        """Bytes written into the cache and mask buffers (new columns, forked rows, reallocation copies)."""
+        return self._cache.bytes_written + self._mask_bytes
+
     # -- lanes -------------------------------------------------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
         """A lane for a new request; it already holds the longest cached prefix of ``prefix`` (see ``length``)."""
@@ -97,7 +140,7 @@ class TransformersBackend(Backend):
                 return parked
         if self._lanes:
             self.release_all()
-        return self._add(_Lane(row=0))
+        return self._add(_Lane(row=self._add_row(None)))
 
     def park(self, lane: int) -> None:
         """Free every lane but ``lane``, and keep it for the next request's prefix."""
@@ -107,27 +150,24 @@ class TransformersBackend(Backend):
 
     def fork(self, parent: int) -> int:
         src = self._lanes[parent]
-        row = len(self._lanes)
-        if self._cache is not None:
-            for layer in self._cache.layers:
-                layer.keys = torch.cat([layer.keys, layer.keys[src.row: src.row + 1]])
-                layer.values = torch.cat([layer.values, layer.values[src.row: src.row + 1]])
-        self._mask = torch.cat([self._mask, self._mask[src.row: src.row + 1]])
+        row = self._add_row(src.row)
         return self._add(_Lane(row=row, columns=list(src.columns), tokens=list(src.tokens)))
 
     def release(self, lane: int) -> None:
         gone = self._lanes.pop(lane)
+        if lane == self._parked:
+            self._parked = None
         if not self._lanes:
             self._reset()
             return
-        keep = [r for r in range(self._mask.shape[0]) if r != gone.row]
-        index = torch.tensor(keep, device=self.device)
-        if self._cache is not None:
-            self._cache.batch_select_indices(index)
-        self._mask = self._mask[index]
-        for other in self._lanes.values():
-            if other.row > gone.row:
-                other.row -= 1
+        last = self._cache.rows - 1
+        if gone.row != last:  # the last row moves into the freed one
+            self._mask_buf[gone.row, : self._columns] = self._mask_buf[last, : self._columns]
+            self._mask_bytes += self._columns
+            for other in self._lanes.values():
+                if other.row == last:
+                    other.row = gone.row
+        self._cache.remove_row(gone.row)
         self._crop_unused()
 
     def release_all(self) -> None:
@@ -140,9 +180,10 @@ class TransformersBackend(Backend):
 
     def truncate(self, lane: int, length: int) -> None:
         state = self._lanes[lane]
-        dropped = state.columns[length:]
-        if dropped:
-            self._mask[state.row, dropped] = 0
+        if length < len(state.columns):
+            first = state.columns[length]
+            self._mask_buf[state.row, first: self._columns] = False  # the row's tail holds no other visible column
+            self._mask_bytes += self._columns - first
             del state.columns[length:]
             del state.tokens[length:]
             self._crop_unused()
@@ -151,15 +192,23 @@ class TransformersBackend(Backend):
     def live_lanes(self) -> int:
         return len(self._lanes)
 
+    @property
+    def _mask(self) -> torch.Tensor:
+        return self._mask_buf[: self._cache.rows, : self._columns]
+
     # -- the batched forward pass --------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
         want = want or {}
-        rows = self._mask.shape[0]
+        unknown = set(feeds) - set(self._lanes)
+        if unknown:
+            raise KeyError(f"step(): no live lane {sorted(unknown)}")
+        sizes = [rows_wanted(lane_id, tokens, want) for lane_id, tokens in feeds.items()]  # checked before any work
+        rows = self._cache.rows
         width = max(len(tokens) for tokens in feeds.values())
-        past = self._mask.shape[1]
+        past = self._columns
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=self.device)
-        new_mask = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        new_mask = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
         positions = torch.zeros(rows, width, dtype=torch.long, device=self.device)
         for lane_id, state in self._lanes.items():
             start = len(state.columns)
@@ -167,25 +216,25 @@ class TransformersBackend(Backend):
             tokens = feeds.get(lane_id, [])
             if tokens:
                 input_ids[state.row, : len(tokens)] = torch.tensor(tokens)
-                new_mask[state.row, : len(tokens)] = 1
-        if self._cache is None:
-            from transformers import DynamicCache
-
-            self._cache = DynamicCache(config=self.config)
-        mask = torch.cat([self._mask, new_mask], dim=1)
-        hidden = self.model.get_decoder()(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
-            use_cache=True,
-        ).last_hidden_state
-        self._mask = mask
-        picked, sizes = [], []
-        for lane_id, tokens in feeds.items():
+                new_mask[state.row, : len(tokens)] = True
+        self._reserve(rows, past + width)
+        self._mask_buf[:rows, past: past + width] = new_mask
+        self._mask_bytes += new_mask.nbytes
+        try:
+            hidden = self.model.get_decoder()(
+                input_ids=input_ids, attention_mask=self._mask_buf[:rows, : past + width], position_ids=positions,
+                past_key_values=self._cache, use_cache=True,
+            ).last_hidden_state
+        except BaseException:
+            self._cache.set_length(past)  # layers that ran before the failure keep nothing
+            raise
+        self._columns = past + width
+        picked = []
+        for (lane_id, tokens), keep in zip(feeds.items(), sizes):
             state = self._lanes[lane_id]
             state.columns.extend(range(past, past + len(tokens)))
             state.tokens.extend(tokens)
-            keep = want.get(lane_id, len(tokens))
             picked.append(hidden[state.row, len(tokens) - keep: len(tokens)])
-            sizes.append(keep)
         logits = self._logits(torch.cat(picked)).split(sizes)  # one output projection for every lane
         return dict(zip(feeds, logits))
 
@@ -200,19 +249,35 @@ class TransformersBackend(Backend):
         lane_id = self._next_id
         self._next_id += 1
         self._lanes[lane_id] = lane
-        if lane.row >= self._mask.shape[0]:
-            self._mask = torch.cat([self._mask, torch.zeros(1, self._mask.shape[1], dtype=torch.long)])
         return lane_id
 
+    def _add_row(self, src: int | None) -> int:
+        """A new last row of the cache and mask: a copy of row ``src``, or empty (every column hidden)."""
+        self._reserve(self._cache.rows + 1, self._columns)
+        row = self._cache.add_row(src)
+        self._mask_buf[row, : self._columns] = False if src is None else self._mask_buf[src, : self._columns]
+        self._mask_bytes += self._columns
+        return row
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        """Grow the cache's capacity if needed, and the mask buffer with it (copying its used part)."""
+        self._cache.reserve(rows, columns)
+        cap_rows, cap_cols = self._cache.capacity
+        if self._mask_buf.shape[0] < cap_rows or self._mask_buf.shape[1] < cap_cols:
+            mask = torch.zeros(cap_rows, cap_cols, dtype=torch.bool, device=self.device)
+            used = self._mask
+            mask[: used.shape[0], : used.shape[1]] = used
+            self._mask_bytes += used.nbytes
+            self._mask_buf = mask
+
     def _reset(self) -> None:
-        self._cache = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._cache.reset()
+        self._columns = 0
+        self._mask_buf = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
 
     def _crop_unused(self) -> None:
-        """Drop trailing cache columns that no lane can see."""
-        used = self._mask.any(dim=0).nonzero()
-        keep = int(used[-1]) + 1 if used.numel() else 0
-        extra = self._mask.shape[1] - keep
-        if extra > 0 and self._cache is not None:
-            self._cache.crop(-extra)
-            self._mask = self._mask[:, :keep]
+        """Drop trailing cache columns that no lane can see (each lane's columns ascend: its last is its highest)."""
+        keep = max((state.columns[-1] + 1 for state in self._lanes.values() if state.columns), default=0)
+        if keep < self._columns:
+            self._columns = keep
+            self._cache.set_length(keep)

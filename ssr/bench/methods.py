@@ -29,8 +29,8 @@ PROMPT_LOOKUP_TOKENS = 10
 
 DESCRIPTIONS = {
     "plain": "plain greedy decoding through the same backend (SSRConfig(enabled=False))",
-    "suffix": "peer: suffix decoding over prompt, thinking and own output, no drafts",
-    "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals)",
+    "suffix": "peer: suffix decoding everywhere (thinking and answer) over prompt, thinking and own output, no drafts",
+    "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals anywhere)",
     "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer",
     "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
     "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
@@ -58,7 +58,8 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
         return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
                              suffix_sources=("prompt", "thinking", "answer"))
     if name == "ssr-prefix":
-        return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1))
+        return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1),
+                             think_speculation=False, draft_speculation=False)
     if name == "ssr":
         return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
                              suffix_sources=("drafts", "prompt", "thinking", "answer"),

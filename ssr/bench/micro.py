@@ -1,4 +1,8 @@
-"""Issue-2 microbenchmarks on one model, through the backend protocol (``engine.backend``).
+"""Microbenchmarks of one model on this machine, through the backend protocol (``engine.backend``).
+
+Calibration (first, re-measured every run): the linear kernel chosen per input row count and the step-cost table
+(lanes x tokens per lane, relative to one lane decoding one token) that SSR's speculation policy prices with; then,
+with those kernels:
 
 (a) cost of one batched step with the thinking lane + one draft lane, relative to a thinking-only step at equal
     lengths (target <= 1.1);
@@ -74,7 +78,7 @@ def batched_step_ratio(engine, context: int = 300, reps: int = 20, warmup: int =
             "batched_step_ms": round(t * 1e3, 2), "ratio": round(t / s, 4), "target": TARGET_BATCHED,
             "meets_target": t / s <= TARGET_BATCHED, "cpu_single_step_ms": round(cs * 1e3, 2),
             "cpu_batched_step_ms": round(ct * 1e3, 2), "cpu_ratio": round(ct / cs, 4) if cs else None,
-            "threads": _threads()}
+            "threads": _threads(), "kernels": getattr(b, "kernels", None)}
 
 
 def verify_ratio(engine, n_tokens: int = 256, context: int = 300, reps: int = 3) -> dict[str, Any]:
@@ -110,6 +114,18 @@ def verify_ratio(engine, n_tokens: int = 256, context: int = 300, reps: int = 3)
             "meets_target": p / sequential <= TARGET_VERIFY, "cpu_one_pass_s": round(cp, 4),
             "cpu_sequential_s": round(cpu_sequential, 4),
             "cpu_ratio": round(cp / cpu_sequential, 5) if cpu_sequential else None, "threads": _threads()}
+
+
+def calibration(engine) -> dict[str, Any]:
+    """Re-measure the kernel choice and the cost table (and refresh the disk cache the engine reads)."""
+    from ..calibrate import calibrated
+
+    t0 = time.perf_counter()
+    table = calibrated(engine.backend, refresh=True)
+    if getattr(engine, "_policy", None) is not None:
+        engine._policy = None  # the engine re-reads the fresh table on next use
+    return {"seconds": round(time.perf_counter() - t0, 1), "kernels": table.meta.get("kernels"),
+            "table": table.to_dict(), "threads": _threads()}
 
 
 def _threads() -> int | None:
@@ -228,6 +244,9 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
 
         log(f"loading model {model or 'default'} ...")
         engine = load_engine(model, backend)
+    if engine is not None:
+        log("calibrating: linear kernel per row count, then the lanes x tokens step-cost table ...")
+        result["calibration"] = calibration(engine)
     if "a" in parts:
         log("(a) batched step: thinking lane + one draft lane vs thinking lane alone ...")
         result["a_batched_step"] = batched_step_ratio(engine, reps=5 if smoke else 20, warmup=2 if smoke else 3)
@@ -245,17 +264,22 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
 
 
 def micro_markdown(r: dict[str, Any]) -> str:
-    lines = ["# Microbenchmarks (issue 2)", "", f"Model `{r.get('model')}` on `{r.get('backend')}`, preset "
+    from ..calibrate import kernels_text
+
+    lines = ["# Microbenchmarks", "", f"Model `{r.get('model')}` on `{r.get('backend')}`, preset "
              f"`{r.get('preset')}`, {os.cpu_count()} CPUs, load average at the start "
              f"{r.get('loadavg', '?')}.", "",
              "Wall-clock ratios are the targets; on a shared machine the ratio of process CPU time is printed "
              "beside them (less disturbed by other processes).", ""]
+    if "calibration" in r:
+        lines += calibration_markdown(r["calibration"])
     if "a_batched_step" in r:
         a = r["a_batched_step"]
         lines += [f"- (a) batched step (thinking + 1 draft lane) / thinking-only step at {a['context_tokens']} "
                   f"tokens: **{a['ratio']:.3f}** ({a['batched_step_ms']} ms vs {a['single_step_ms']} ms, median of "
                   f"{a['reps']}, {a.get('threads')} threads; by process CPU time: {_fmt(a.get('cpu_ratio'), 3)}); "
-                  f"target <= {a['target']}: {'met' if a['meets_target'] else 'NOT met'}"]
+                  f"target <= {a['target']}: {'met' if a['meets_target'] else 'NOT met'}"
+                  + (f"; kernels {kernels_text(a['kernels'])}" if a.get("kernels") else "")]
     if "b_verify" in r:
         b = r["b_verify"]
         lines += [f"- (b) verifying {b['draft_tokens']} tokens in one pass / decoding them one by one: "
@@ -278,6 +302,21 @@ def micro_markdown(r: dict[str, Any]) -> str:
                 lines.append(f"- (d) peak RSS {method}: **{d['peak_rss_mb']} MB** (after loading: "
                              f"{d['rss_after_load_mb']} MB; {d['generated_tokens']} tokens generated)")
     return "\n".join(lines) + "\n"
+
+
+def calibration_markdown(c: dict[str, Any]) -> list[str]:
+    from ..calibrate import kernels_text, markdown
+    from ..costs import CostTable
+
+    table = CostTable.from_dict(c["table"])
+    kernels = kernels_text(c["kernels"]) if c.get("kernels") else "not chosen by this backend"
+    return ["## Calibration", "",
+            f"Measured in {c['seconds']} s ({c.get('threads')} threads). Linear kernel per input rows (lanes x "
+            f"tokens): {kernels}.", "",
+            f"Step cost relative to one lane decoding one token ({1e3 * table.base_seconds:.1f} ms), at "
+            f"{table.meta.get('context')} tokens of context, median of {table.meta.get('reps')} (repetitions "
+            f"differ by {table.meta.get('spread')} of the median, median over points):", "",
+            markdown(table), "", "## Ratios", ""]
 
 
 def _fmt(v: Any, digits: int = 2) -> str:

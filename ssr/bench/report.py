@@ -82,6 +82,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             "accepted_suffix_mean": _mean(r.get("accepted_suffix") for r in rs),
             "draft_tokens_mean": _mean(r.get("draft_tokens") for r in rs),
             "think_tokens_mean": _mean(r.get("think_tokens") for r in rs),
+            "think_passes_mean": _mean(r.get("think_forward_passes") for r in rs),
+            "think_accepted_mean": _mean(r.get("think_accepted") for r in rs),
             "answer_tokens_mean": _mean(r.get("answer_tokens") for r in rs),
             "latency_ratio": _geomean(ratios),
             "latency_ratio_median": _q(ratios, 0.5),
@@ -260,23 +262,26 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
                   + ", ".join(f"{r['item']} {r['method']} (token {r.get('first_difference')})"
                               for r in expected[:20]), ""]
 
-    cols = ("n", "latency med (s)", "p90 (s)", "ratio", "TTFA med (s)", "TTFA ratio", "answer passes",
-            "passes ratio", "acc. prefix", "acc. suffix", "whole from draft", "draft tok", "think tok",
-            "answer tok", "score", "identical")
+    cols = ("n", "latency med (s)", "p90 (s)", "ratio", "TTFA med (s)", "TTFA ratio", "think passes",
+            "think acc.", "answer passes", "passes ratio", "acc. prefix", "acc. suffix", "whole from draft",
+            "draft tok", "think tok", "answer tok", "score", "identical")
     for suite in sorted(summary):
         lines += [f"## {suite}", "", "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for m in sorted(summary[suite], key=lambda m: METHOD_ORDER.get(m, 99)):
             s = summary[suite][m]
             ident = f"{s['identical']}/{s['compared']}" if s["compared"] else "-"
             row = (s["n"], _f(s["latency_median"]), _f(s["latency_p90"]), _f(s["latency_ratio"], 3),
-                   _f(s["ttfa_median"]), _f(s["ttfa_ratio"], 3), _f(s["answer_passes_mean"], 1),
+                   _f(s["ttfa_median"]), _f(s["ttfa_ratio"], 3), _f(s["think_passes_mean"], 1),
+                   _f(s["think_accepted_mean"], 1), _f(s["answer_passes_mean"], 1),
                    _f(s["answer_passes_ratio"], 3), _f(s["accepted_prefix_mean"], 1),
                    _f(s["accepted_suffix_mean"], 1), _f(s["whole_from_draft"], 2), _f(s["draft_tokens_mean"], 1), _f(s["think_tokens_mean"], 1),
                    _f(s["answer_tokens_mean"], 1), _f(s["score"], 3), ident)
             lines.append(f"| {m} | " + " | ".join(map(str, row)) + " |")
         lines.append("")
     lines += ["Ratios are geometric means over items of (method / plain on the same item). TTFA: wall time to the "
-              "first answer text. Answer passes: forward passes after the chain of thought closed. Accepted: "
+              "first answer text. Think passes: forward passes until the chain of thought closed (prefill included); "
+              "think acc.: thinking tokens taken from proposals. Answer passes: forward passes after the chain of "
+              "thought closed. Accepted: "
               "answer tokens taken from the newest draft's verified prefix / from suffix proposals. Whole from draft: share of "
               "items whose whole answer came from the draft's prefix in one verify pass. Draft tokens: "
               "tokens decoded in draft lanes (they ride in the thinking passes). Score: pass rate (HumanEval, "

@@ -1,0 +1,186 @@
+"""Measure a backend's step costs on this machine (``measure_costs``), once per machine and setup (``calibrated``).
+
+What an extra lane or an extra verified token costs differs between machines, dtypes and kernels by 2x (DESIGN.md),
+so SSR's speculation policy reads a table measured where it runs. Measuring takes seconds; the table, and for the
+transformers backend on CPU the linear-kernel choice made first, are cached as JSON under
+``$SSR_CACHE/costs/`` per model, backend, dtype, device, CPU, core count and torch version.
+``SSR_RECALIBRATE=1`` (or ``refresh=True``) measures again. A table measured while other processes shared the CPUs
+(its repetitions disagree by more than ``NOISY``) is used but not cached, so the next load measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from .costs import CostTable
+from .models import cache_dir
+
+ROWS = (1, 2, 3)
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+NOISY = 0.25  # repetitions that disagree by more (median over points): a busy machine; such a table is not cached
+
+
+def _dummy_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+    """Deterministic token ids spread over the vocabulary (what the tokens are does not change the cost)."""
+    span = max(1, min(vocab, 30000) - 200)
+    return [200 + (seed * 7919 + i * 104729) % span if vocab > 400 else (seed + i) % vocab for i in range(n)]
+
+
+def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: int = 3,
+                  progress: bool = True) -> CostTable:
+    """Seconds of one step with ``r`` lanes fed ``w`` tokens each (every fed position's logits wanted, as
+    verification needs), for every ``r`` in ``rows`` and ``w`` in ``widths``, relative to one lane and one token.
+
+    Only the Backend protocol is used (any backend). Each repetition visits every point once, the row groups in a
+    rotating order, so drift (other load, clocks) hits all points alike; the table holds medians. Within a group the
+    lanes grow by the widths (no truncation between points: on vLLM a truncated lane re-prefills its last block).
+    """
+    rows, widths = tuple(sorted(set(rows))), tuple(sorted(set(widths)))
+    if rows[0] != 1 or widths[0] != 1:
+        raise ValueError("measure_costs: rows and widths must include 1 (the reference step)")
+    seconds: dict[tuple[int, int], list[float]] = {(r, w): [] for r in rows for w in widths}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=1 + reps * len(rows), desc=f"calibrating {backend.model_name}", disable=not progress,
+               leave=False)
+    backend.release_all()
+    try:
+        main = backend.new_lane()
+        backend.step({main: _dummy_ids(context, backend.vocab_size)}, {main: 1})
+        groups = [(rows[-1], (1, widths[-1]), None)]  # warm-up: the largest step allocates what the others need
+        for rep in range(reps):
+            groups += [(rows[(i + rep) % len(rows)], widths, rep) for i in range(len(rows))]
+        for r, group_widths, rep in groups:
+            lanes = [main] + [backend.fork(main) for _ in range(r - 1)]
+            _sync(backend.step({lane: _dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
+                               {lane: 1 for lane in lanes}))  # after a fork (vLLM: a new session's first step)
+            for w in group_widths:
+                feeds = {lane: _dummy_ids(w, backend.vocab_size, k + w) for k, lane in enumerate(lanes)}
+                t0 = time.perf_counter()
+                _sync(backend.step(feeds, {lane: w for lane in lanes}))
+                if rep is not None:
+                    seconds[r, w].append(time.perf_counter() - t0)
+            for lane in lanes[1:]:
+                backend.release(lane)
+            backend.truncate(main, context)
+            bar.update()
+    finally:
+        bar.close()
+        backend.release_all()
+    median = padded_envelope({point: statistics.median(ts) for point, ts in seconds.items()}, rows, widths)
+    base = median[1, 1]
+    # how far repetitions of one point disagree (median over points): large when other load shared the machine
+    spread = statistics.median((max(ts) - min(ts)) / median[p] for p, ts in seconds.items())
+    return CostTable(rows=rows, widths=widths,
+                     cost=tuple(tuple(round(median[r, w] / base, 4) for w in widths) for r in rows),
+                     base_seconds=base,
+                     meta={"context": context, "reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "machine": machine(), "spread": round(spread, 3)})
+
+
+def padded_envelope(seconds: dict[tuple[int, int], float], rows, widths) -> dict[tuple[int, int], float]:
+    """A step can always be run padded to a bigger one, so no step costs more than any bigger step measured: each
+    point becomes the least of itself and every point with at least as many lanes and tokens. This removes the
+    noise that would make the policy think a bigger step is cheaper (and keeps e.g. one row padded to two)."""
+    return {(r, w): min(seconds[r2, w2] for r2 in rows if r2 >= r for w2 in widths if w2 >= w)
+            for r in rows for w in widths}
+
+
+def _sync(out) -> None:
+    """Wait for the step's results (an accelerator computes asynchronously): read one value."""
+    for logits in out.values():
+        float(logits[-1, 0])
+        return
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """What a cost table depends on besides the model and backend."""
+    try:
+        import torch
+
+        threads, torch_version = torch.get_num_threads(), torch.__version__
+    except ImportError:
+        threads, torch_version = None, None
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "torch": torch_version}
+
+
+def cache_key(backend, **grid) -> str:
+    """File name of ``backend``'s cached table: readable model name plus a hash of everything the costs depend on."""
+    fields = {"model": backend.model_name, "backend": f"{type(backend).__module__}.{type(backend).__qualname__}",
+              "dtype": str(getattr(backend, "dtype", None)), "device": str(getattr(backend, "device", None)),
+              **machine(), "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(grid.items())}}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(backend.model_name))[-60:]
+    return f"{slug}-{digest}"
+
+
+def cache_path(backend, **grid) -> Path:
+    return cache_dir() / "costs" / f"{cache_key(backend, **grid)}.json"
+
+
+def _selects_kernels(backend) -> bool:
+    return hasattr(backend, "select_kernels") and getattr(getattr(backend, "device", None), "type", None) == "cpu"
+
+
+def calibrated(backend, refresh: bool = False, rows=ROWS, widths=WIDTHS, context: int = 256, reps: int = 3,
+               progress: bool = True) -> CostTable:
+    """``backend``'s cost table on this machine: from the disk cache (its kernel choice applied to the backend), or
+    measured now (for the transformers backend on CPU, after choosing its linear kernels) and cached unless noisy."""
+    path = cache_path(backend, rows=tuple(rows), widths=tuple(widths), context=context)
+    refresh = refresh or os.environ.get("SSR_RECALIBRATE", "") not in ("", "0")
+    if not refresh and path.exists():
+        try:
+            table = CostTable.from_dict(json.loads(path.read_text()))
+            if _selects_kernels(backend) and table.meta.get("kernels"):
+                backend.set_kernels(table.meta["kernels"])
+            return table
+        except (ValueError, KeyError, TypeError):  # unreadable or from an older layout: measure again
+            pass
+    meta = {}
+    if _selects_kernels(backend):
+        meta["kernels"] = backend.select_kernels(reps=reps, progress=progress)
+    table = measure_costs(backend, rows=rows, widths=widths, context=context, reps=reps, progress=progress)
+    table = replace(table, meta={**table.meta, **meta, "model": backend.model_name,
+                                 "backend": type(backend).__name__, "dtype": str(getattr(backend, "dtype", None)),
+                                 "device": str(getattr(backend, "device", None))})
+    if table.meta.get("spread", 0) > NOISY:  # measured while other processes shared the CPUs: not kept
+        return table
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table.to_dict(), indent=1))
+    os.replace(tmp, path)
+    return table
+
+
+def markdown(table: CostTable) -> str:
+    """The table as Markdown: one line per lane count, one column per tokens per lane."""
+    lines = ["| lanes \\ tokens per lane | " + " | ".join(str(w) for w in table.widths) + " |",
+             "| --- |" + " --- |" * len(table.widths)]
+    for r, costs in zip(table.rows, table.cost):
+        lines.append(f"| {r} | " + " | ".join(f"{c:.2f}" for c in costs) + " |")
+    return "\n".join(lines)
+
+
+def kernels_text(table) -> str:
+    """A kernel choice (``[(max_rows, kernel), ...]``) as text: ``1: linear; 2-4: stationary; 5+: linear``."""
+    from .backends.transformers import kernel_ranges
+
+    return "; ".join(f"{span}: {name}" for span, name in kernel_ranges([tuple(x) for x in table]))

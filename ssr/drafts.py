@@ -1,0 +1,148 @@
+"""Draft lanes: answers written from a partial chain of thought, each in its own lane of the same batched pass.
+
+A draft forks the thinking lane, appends the end-of-thinking text and decodes an answer beside the thinking. It
+speculates like every lane: the previous draft's tokens (bootstrap, verified under the longer chain of thought) and
+suffix proposals (text the thinking already wrote, the prompt) are verified under the draft's own distribution, so
+a draft that copies code from the thinking gets ahead by several tokens a pass. Drafts are proposals only: under
+sampling each draft token keeps the distribution it was drawn from, for the answer's speculative sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .accept import Sampler, verify
+from .backends.base import Backend
+from .config import SSRConfig
+from .proposals import Context, Proposal, SuffixSources, tail_of
+
+GuideRows = Callable[[torch.Tensor, str, list[int]], torch.Tensor]  # (rows, answer text, proposal) -> rows
+
+
+@dataclass
+class Draft:
+    index: int
+    budget: int  # thinking tokens it saw
+    lane: int | None
+    feed: list[int]  # tokens to append at its next step
+    head: list[int]  # the lane's last tokens before its own (thinking tail + end-of-thinking text), for matching
+    proposal: Proposal | None = None  # what its next step verifies
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor | None] = field(default_factory=list)
+    bootstrapped: int = 0
+    accepted_prefix: int = 0
+    accepted_suffix: int = 0
+    speculated: int = 0  # of its tokens, how many came from accepted proposals
+
+    def record(self) -> dict:
+        return {"budget": self.budget, "length": len(self.tokens), "accepted_prefix": self.accepted_prefix,
+                "accepted_suffix": self.accepted_suffix, "accepted": self.accepted_prefix + self.accepted_suffix,
+                "bootstrapped": self.bootstrapped, "speculated": self.speculated}
+
+
+class DraftLanes:
+    """Every draft of one request: forks, per-step feeds, verification of their proposals, retirement."""
+
+    def __init__(self, backend: Backend, config: SSRConfig, sampler: Sampler, transcript, suffix: SuffixSources | None,
+                 guide_rows: GuideRows) -> None:
+        self.backend, self.config, self.sampler, self.transcript = backend, config, sampler, transcript
+        self.suffix, self.guide_rows = suffix, guide_rows
+        self.all: list[Draft] = []
+        self.live: list[Draft] = []
+        self.steps = self.proposed = self.accepted = 0
+        self.declined_at: int | None = None  # thinking tokens when the cost model last declined a fork
+
+    def due(self) -> bool:
+        """Whether the config asks for a new draft at this point of the thinking."""
+        cfg, think = self.config, self.transcript.think_tokens
+        if not cfg.enabled or cfg.max_drafts == 0 or think < cfg.draft_start:
+            return False
+        marks = [d.budget for d in self.all[-1:]] + ([] if self.declined_at is None else [self.declined_at])
+        return not marks or (cfg.draft_interval is not None and think - max(marks) >= cfg.draft_interval)
+
+    def fork(self, parent: int, pending: list[int], head: list[int]) -> Draft:
+        """A new draft lane from the thinking lane (whose cache lacks ``pending``), bootstrapped from the last one."""
+        cfg, t = self.config, self.transcript
+        if len(self.live) >= cfg.max_drafts:
+            self.retire(self.live[0])
+        previous = self.all[-1] if self.all else None
+        boot = previous.tokens[: cfg.max_draft_tokens] if previous is not None and cfg.bootstrap_drafts else []
+        draft = Draft(index=len(self.all), budget=t.think_tokens, lane=self.backend.fork(parent),
+                      feed=pending + t.close_ids, head=tail_of(head, t.close_ids))
+        if boot:
+            draft.proposal = Proposal(list(boot), "bootstrap", 0, list(previous.probs[: len(boot)]))
+        self.all.append(draft)
+        self.live.append(draft)
+        if self.suffix is not None:
+            self.suffix.extend(f"draft:{draft.index}", t.close_ids)
+        return draft
+
+    def feeds(self, width: int) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Each live draft's feed for the next step, with suffix proposals filling the step's ``width`` (tokens
+        the padded batch computes anyway)."""
+        feeds, want = {}, {}
+        for draft in self.live:
+            if draft.proposal is None and self.suffix is not None and self.config.draft_speculation:
+                room = min(width - len(draft.feed), self.config.max_draft_tokens - len(draft.tokens) - 1)
+                context = Context(tail_of(draft.head, draft.tokens))
+                draft.proposal = self.suffix.propose(context, room) if room > 0 else None
+            proposal = draft.proposal.tokens if draft.proposal is not None else []
+            feeds[draft.lane] = draft.feed + proposal
+            want[draft.lane] = len(proposal) + 1
+        return feeds, want
+
+    def advance(self, out: dict[int, torch.Tensor]) -> None:
+        """Verify each live draft's proposal under its own logits; append what it wrote; retire finished drafts."""
+        for draft in list(self.live):
+            proposal = draft.proposal or Proposal([], "none")
+            draft.proposal = None
+            rows = self.guide_rows(out[draft.lane], self.transcript.draft_answer(draft.tokens), proposal.tokens)
+            accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
+            new = proposal.tokens[:accepted] + [token]
+            self.steps += 1
+            if proposal.tokens:
+                self.proposed += len(proposal.tokens)
+                self.accepted += accepted
+            if proposal.source == "bootstrap":
+                draft.bootstrapped = accepted
+            else:
+                draft.speculated += accepted
+            self.backend.truncate(draft.lane, self.backend.length(draft.lane) - (len(proposal.tokens) - accepted))
+            probs = [None] * len(new) if self.sampler.greedy else list(self.sampler.probs(rows[: accepted + 1]))
+            self._append(draft, new, probs)
+
+    def _append(self, draft: Draft, new: list[int], probs: list) -> None:
+        eos = self.backend.eos_token_ids
+        end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        end = min(end, self.config.max_draft_tokens - len(draft.tokens))
+        draft.tokens += new[:end]
+        draft.probs += probs[:end]
+        draft.feed = [draft.tokens[-1]]
+        if self.suffix is not None:
+            self.suffix.extend(f"draft:{draft.index}", new[:end])
+        if end < len(new) or draft.tokens[-1] in eos or len(draft.tokens) >= self.config.max_draft_tokens \
+                or self._hit_stop(draft):
+            self.retire(draft)
+
+    def _hit_stop(self, draft: Draft) -> bool:
+        """The draft reached a stop string or closed a required call: the rest of its lane would be wasted."""
+        t = self.transcript
+        if t.answer_opening and t.call_end(t.draft_answer(draft.tokens)) is not None:
+            return True
+        if not self.config.stop:
+            return False
+        tail = t.decode(draft.tokens[-8:])
+        return any(s in tail for s in self.config.stop)
+
+    def retire(self, draft: Draft) -> None:
+        if draft.lane is not None:
+            self.backend.release(draft.lane)
+            draft.lane = None
+            self.live.remove(draft)
+
+    def retire_all(self) -> None:
+        for draft in list(self.live):
+            self.retire(draft)

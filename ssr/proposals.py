@@ -1,0 +1,121 @@
+"""Proposal sources behind one interface: ``propose(context, room) -> Proposal | None``.
+
+The thinking lane, the draft lanes and the answer all ask the same sources for tokens to verify: the newest draft
+from where the answer so far ends in it (``DraftPrefix``), the text the bound tools' schemas fix (``SchemaFixed``),
+and one suffix index over the prompt, the chain of thought, the drafts and the answer (``SuffixSources``). A source
+only proposes; the verifier decides every token, so no source can change the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .schema import SchemaProposer
+from .suffix import SuffixIndex
+
+SUFFIX_CONTEXT = 32  # tokens of a lane's tail matched against the suffix index
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    source: str  # "prefix", "schema", "prompt", "thinking", "answer", "draft:<i>", "bootstrap"
+    match_len: int = 0  # how long a context tail the source matched (suffix sources)
+    probs: list[torch.Tensor | None] | None = None  # the draft's own distributions (sampling); None: point masses
+
+    def cut(self, k: int) -> "Proposal":
+        return Proposal(self.tokens[:k], self.source, self.match_len, None if self.probs is None else self.probs[:k])
+
+
+@dataclass
+class Context:
+    """What a lane has written so far, as its proposers need it."""
+
+    tail: list[int]  # the last <= SUFFIX_CONTEXT token ids of the lane (prompt included)
+    text: str = ""  # the lane's answer text so far ("" while thinking)
+
+
+class Proposer(Protocol):
+    def propose(self, context: Context, room: int) -> Proposal | None:
+        """Up to ``room`` tokens that may follow ``context``, or None."""
+
+
+def tail_of(head: list[int], tokens: list[int], size: int = SUFFIX_CONTEXT) -> list[int]:
+    """The last ``size`` ids of ``head + tokens``, without building the whole list."""
+    if len(tokens) >= size:
+        return tokens[-size:]
+    return head[max(0, len(head) - (size - len(tokens))):] + tokens
+
+
+class SuffixSources:
+    """One suffix index over every source the config names; sources grow as lanes write."""
+
+    def __init__(self, sources: tuple[str, ...], max_tokens: int, min_match: int, min_prob: float) -> None:
+        self.sources = sources
+        self.max_tokens, self.min_match, self.min_prob = max_tokens, min_match, min_prob
+        self.index = SuffixIndex(max_match=SUFFIX_CONTEXT)
+
+    def wants(self, source: str) -> bool:
+        return ("drafts" if source.startswith("draft:") else source) in self.sources
+
+    def extend(self, source: str, tokens: list[int]) -> None:
+        if self.wants(source) and tokens:
+            self.index.add(source, tokens)
+
+    def propose(self, context: Context, room: int) -> Proposal | None:
+        found = self.index.propose(context.tail, min(room, self.max_tokens), min_match=self.min_match,
+                                   min_prob=self.min_prob)
+        if not found.tokens:
+            return None
+        # SuffixDecoding's cap: a short match earns a short proposal
+        return Proposal(found.tokens[: max(found.match_len, 1)], found.source or "", found.match_len)
+
+
+class DraftPrefix:
+    """The newest draft, verified from where the answer so far ends in it, chunk by chunk, until it disagrees."""
+
+    def __init__(self, draft, at: int, max_tokens: int) -> None:
+        self.draft, self.at, self.max_tokens = draft, at, max_tokens  # draft: an ``ssr.drafts.Draft``
+        self.tokens, self.probs = draft.tokens, draft.probs
+        self.done = False
+
+    def propose(self, context: Context, room: int) -> Proposal | None:
+        if self.done:
+            return None
+        chunk = self.tokens[self.at: self.at + min(room, self.max_tokens)]
+        if not chunk:
+            self.done = True
+            return None
+        return Proposal(chunk, "prefix", 0, self.probs[self.at: self.at + len(chunk)])
+
+    def advance(self, taken: int, whole: bool) -> None:
+        """``taken`` tokens of the last chunk went into the answer; a chunk not taken whole ends the prefix stage."""
+        self.at += taken
+        self.done = not whole
+
+
+class SchemaFixed:
+    """Text that the bound tools' JSON schemas fix after the answer so far (keys, names, punctuation)."""
+
+    def __init__(self, tools: list[dict], tokenizer) -> None:
+        self.schema, self.tokenizer = SchemaProposer(tools), tokenizer
+
+    def propose(self, context: Context, room: int) -> Proposal | None:
+        fixed = self.schema.propose(context.text)
+        if not fixed:
+            return None
+        return Proposal(self.tokenizer.encode(fixed, add_special_tokens=False)[:room], "schema")
+
+
+def first_proposal(proposers: list[Proposer], context: Context, room: int) -> Proposal | None:
+    """The first source that has something to propose, in priority order."""
+    if room <= 0:
+        return None
+    for proposer in proposers:
+        found = proposer.propose(context, room)
+        if found is not None and found.tokens:
+            return found
+    return None

@@ -1,0 +1,200 @@
+"""The transformers backend's lane protocol on a tiny model: every lane's logits equal a plain forward pass over
+that lane's tokens, whatever else shares the batch; the cache buffers grow O(log n) times and a step's copying
+does not grow with the sequence length (counted, never timed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ssr.backends.transformers import TransformersBackend
+from tiny import tiny_model
+
+ATOL = 1e-4
+
+
+def backend(seed: int = 0) -> TransformersBackend:
+    return TransformersBackend(tiny_model(seed), "tiny", {0}, 0)
+
+
+@torch.no_grad()
+def reference(b: TransformersBackend, tokens: list[int], k: int = 1) -> torch.Tensor:
+    """Logits of the last ``k`` positions of one plain forward pass over ``tokens`` (no cache, no batch)."""
+    return b.model(input_ids=torch.tensor([tokens])).logits[0, -k:].float()
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=1e-4)
+
+
+def test_step_want_and_lengths():
+    b = backend()
+    lane = b.new_lane()
+    out = b.step({lane: [3, 5, 6, 7]}, {lane: 2})
+    assert out[lane].shape == (2, b.vocab_size) and out[lane].dtype == torch.float32
+    assert close(out[lane], reference(b, [3, 5, 6, 7], 2))
+    assert b.length(lane) == 4
+    out = b.step({lane: [8]})
+    assert close(out[lane], reference(b, [3, 5, 6, 7, 8]))
+    with pytest.raises(ValueError):
+        b.step({lane: []})
+    with pytest.raises(ValueError):
+        b.step({lane: [3]}, {lane: 2})
+    assert b.length(lane) == 5  # a refused step changes nothing
+
+
+def test_fork_truncate_release_and_uneven_feeds():
+    b = backend()
+    main = b.new_lane()
+    b.step({main: [3, 5, 6]})
+    draft = b.fork(main)
+    assert b.length(draft) == 3 and b.live_lanes == 2
+    # lanes fed different numbers of tokens in one pass: the short one's padding is hidden
+    out = b.step({main: [7, 8, 9], draft: [10]}, {main: 3})
+    assert close(out[main], reference(b, [3, 5, 6, 7, 8, 9], 3))
+    assert close(out[draft], reference(b, [3, 5, 6, 10]))
+    # a lane that is not fed keeps its tokens; the other continues past the padding
+    out = b.step({draft: [11, 12]})
+    assert close(out[draft], reference(b, [3, 5, 6, 10, 11, 12], 2))
+    out = b.step({main: [13]})
+    assert close(out[main], reference(b, [3, 5, 6, 7, 8, 9, 13]))
+    # truncate forgets the rejected tokens; the hole stays hidden
+    b.truncate(main, 4)
+    assert b.length(main) == 4
+    out = b.step({main: [14], draft: [15]})
+    assert close(out[main], reference(b, [3, 5, 6, 7, 14]))
+    assert close(out[draft], reference(b, [3, 5, 6, 10, 11, 12, 15]))
+    # a second fork, then release the middle row: the remaining lanes are unaffected
+    third = b.fork(draft)
+    b.release(draft)
+    assert b.live_lanes == 2
+    out = b.step({main: [4], third: [5]})
+    assert close(out[main], reference(b, [3, 5, 6, 7, 14, 4]))
+    assert close(out[third], reference(b, [3, 5, 6, 10, 11, 12, 15, 5]))
+    b.release_all()
+    assert b.live_lanes == 0
+
+
+def test_truncate_crops_trailing_columns():
+    b = backend()
+    main = b.new_lane()
+    b.step({main: [3, 4, 5]})
+    draft = b.fork(main)
+    b.step({main: [6], draft: [7, 8, 9, 10]})
+    assert b._columns == 7
+    b.release(draft)  # the draft held the last columns: nobody sees them now
+    assert b._columns == 4 and b._cache.length == 4
+    b.truncate(main, 2)
+    assert b._columns == 2
+    out = b.step({main: [11]})
+    assert close(out[main], reference(b, [3, 4, 11]))
+
+
+def test_parked_lane_prefix_reuse():
+    b = backend()
+    lane = b.new_lane()
+    b.step({lane: [3, 4, 5, 6]})
+    draft = b.fork(lane)
+    b.step({draft: [7]})
+    b.park(lane)
+    assert b.live_lanes == 1
+    again = b.new_lane([3, 4, 5, 9, 9])
+    assert again == lane and b.length(again) == 3
+    out = b.step({again: [9, 9]})
+    assert close(out[again], reference(b, [3, 4, 5, 9, 9], 2))
+    b.park(again)
+    other = b.new_lane([8, 8])  # nothing in common: a fresh, empty lane
+    assert b.length(other) == 0 and b.live_lanes == 1
+    out = b.step({other: [8, 8]})
+    assert close(out[other], reference(b, [8, 8], 2))
+
+
+def test_lane_beside_others_equals_alone():
+    """A lane's logits do not depend on what else is in the batch (float32, up to rounding)."""
+    rng = random.Random(0)
+    alone, crowded = backend(1), backend(1)
+    a = alone.new_lane()
+    c = crowded.new_lane()
+    prompt = [rng.randrange(3, 16) for _ in range(9)]
+    assert close(alone.step({a: prompt})[a], crowded.step({c: prompt})[c])
+    others = []
+    for i in range(12):
+        if i % 3 == 0:
+            others.append(crowded.fork(c))
+        if i == 7:
+            crowded.release(others.pop(0))
+        feed = [rng.randrange(3, 16) for _ in range(1 + i % 3)]
+        feeds = {c: feed, **{o: [rng.randrange(3, 16) for _ in range(rng.randrange(1, 5))] for o in others}}
+        got = crowded.step(feeds)[c]
+        assert close(got, alone.step({a: feed})[a]), i
+        if i % 4 == 3:  # a rejected proposal in both
+            alone.truncate(a, alone.length(a) - 1)
+            crowded.truncate(c, crowded.length(c) - 1)
+
+
+def test_growth_is_logarithmic_and_step_copying_constant():
+    b = backend()
+    lane = b.new_lane()
+    b.step({lane: [3, 4, 5]})
+    growths, per_step = b.cache_growths, []
+    for i in range(2000):
+        before, grew = b.bytes_copied, b.cache_growths
+        b.step({lane: [3 + i % 13]}, {lane: 1})
+        if b.cache_growths == grew:
+            per_step.append(b.bytes_copied - before)
+    assert b.cache_growths - growths <= 11  # 3 -> 2003 columns: capacity doubles 4 -> 2048
+    assert len(set(per_step)) == 1  # a step without growth writes the same bytes at 10 or 2000 tokens
+    assert per_step[0] > 0
+    assert b.bytes_copied < 4 * 2003 * per_step[0]  # growth copies amortise to O(1) per token
+
+
+def test_speculative_pattern_growth_bounded():
+    """Verify-and-reject steps (fork, feed several, truncate) keep growths logarithmic and per-token bytes flat."""
+    b = backend()
+    main = b.new_lane()
+    b.step({main: [3, 4, 5]})
+    draft = b.fork(main)
+    start = b.cache_growths
+    costs = []
+    for i in range(300):
+        before = b.bytes_copied
+        grew = b.cache_growths
+        b.step({main: [6, 7, 8], draft: [9]})
+        b.truncate(main, b.length(main) - 2)
+        if b.cache_growths == grew:
+            costs.append(b.bytes_copied - before)
+    assert b.cache_growths - start <= 10
+    assert max(costs) == min(costs)
+
+
+@torch.no_grad()
+def test_buffered_cache_matches_dynamic_cache():
+    """``BufferedCache`` as transformers' decoders use ``past_key_values``: same logits as ``DynamicCache`` through
+    prefill, decoding, ``crop`` and ``batch_select_indices``, and the sizes the mask code asks for."""
+    from transformers import DynamicCache
+
+    from ssr.backends.transformers import BufferedCache
+
+    model = tiny_model(4)
+    ours, theirs = BufferedCache(model.config.num_hidden_layers), DynamicCache(config=model.config)
+
+    def both(ids):
+        ids = torch.tensor(ids)
+        a = model(input_ids=ids, past_key_values=ours, use_cache=True).logits
+        b = model(input_ids=ids, past_key_values=theirs, use_cache=True).logits
+        assert torch.allclose(a, b, atol=ATOL, rtol=1e-4)
+
+    both([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+    both([[5], [6]])
+    assert ours.get_seq_length() == theirs.get_seq_length() == 6
+    assert ours.get_mask_sizes(2, 0) == theirs.get_mask_sizes(2, 0) == (8, 0)
+    ours.crop(-2)
+    theirs.crop(-2)
+    assert ours.get_seq_length() == 4
+    both([[7, 8], [9, 10]])
+    ours.batch_select_indices(torch.tensor([1]))
+    theirs.batch_select_indices(torch.tensor([1]))
+    both([[11]])
+    assert ours.layers[0].keys.shape == theirs.layers[0].keys.shape == (1, 1, 7, 32)
