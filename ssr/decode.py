@@ -80,6 +80,9 @@ class Request:
                     raise Cancelled("request cancelled")
                 status = self._think_step() if self.transcript.thinking else self._answer_step()
                 yield from self._deltas()
+            drafts = self.drafts.all
+            self.policy.counts.record_drafts(sum(len(d.tokens) for d in drafts),
+                                             sum(d.accepted_prefix + d.accepted_suffix for d in drafts))
             self.backend.park(self.lane)  # an agent's next step may extend this conversation
         finally:
             if self.transcript.finish is None:  # cancelled or failed: nothing worth keeping
@@ -150,9 +153,10 @@ class Request:
             phase.end(f"close:{t.closed_by}" if status == CLOSED else
                       f"finish:{t.finish.reason}" if status == FINISHED else status)
         if proposal.tokens:
-            self.policy.counts.record(proposal.source, proposal.match_len, len(proposal.tokens), accepted)
+            self.policy.counts.record(proposal.source, proposal.match_len, len(proposal.tokens), accepted,
+                                      phase="answer" if phase is self.counts.answer else "think")
             if phase is self.counts.answer:
-                self._credit_answer(proposal, taken, whole=accepted == len(proposal.tokens))
+                self._credit_answer(proposal, taken, whole=accepted == len(proposal.tokens) == taken, bonus=token)
             else:
                 self.counts.credit(f"think:{proposal.source}", taken)
         self._grow_sources(before, run[:pushed], status)
@@ -165,14 +169,14 @@ class Request:
             return CONTINUE
         return status
 
-    def _credit_answer(self, proposal: Proposal, taken: int, whole: bool) -> None:
+    def _credit_answer(self, proposal: Proposal, taken: int, whole: bool, bonus: int) -> None:
         c = self.counts
         c.proposals_accepted += taken > 0
         c.credit(proposal.source, taken)
         if proposal.source == "prefix":
             c.accepted_prefix += taken
             self.prefix.draft.accepted_prefix += taken
-            self.prefix.advance(taken, whole)
+            self.prefix.advance(taken, whole, bonus)
             return
         c.accepted_suffix += taken
         if proposal.source.startswith("draft:"):
@@ -228,7 +232,7 @@ class Request:
         replacing = len(self.drafts.live) >= self.config.max_drafts
         rows = 1 + len(self.drafts.live) - replacing
         t = self.transcript
-        if not self.policy.fork_pays(rows):
+        if not self.policy.fork_pays(rows, think_speculation=self.config.think_speculation):
             self.counts.forks_declined += 1
             self.drafts.declined_at = t.think_tokens  # ask again only a whole interval later
             return

@@ -6,10 +6,12 @@ A proposal of ``k`` tokens whose tokens are each accepted with probability ``a``
 tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Acceptance rates are counted online
 per source and match length, engine-wide, so a later request prices its proposals with what earlier ones saw.
 
-A draft lane adds a row to every thinking step; it pays when what one draft token saves in the answer (the share of
-draft tokens the answer accepted, online) exceeds what the extra row costs per step. With a table that prices every
-extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as plain
-decoding does.
+A draft lane adds a row to every thinking step, and where the thinking lane verifies several tokens a step, the
+draft's row is padded to them: the draft pays only when what it saves in the answer (the share of draft tokens the
+answer accepted, times what an answer token costs with suffix proposals alone) exceeds what it adds to the cost of a
+thinking token (at the thinking lane's best proposal length, with and without the extra row). With a table that
+prices every extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as
+plain decoding does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class AcceptanceCounts:
 
     tried: dict[tuple[str, int], float] = field(default_factory=dict)
     accepted: dict[tuple[str, int], float] = field(default_factory=dict)
+    phase_tried: dict[str, float] = field(default_factory=dict)  # per phase ("think", "answer"), suffix sources
+    phase_accepted: dict[str, float] = field(default_factory=dict)
     draft_tokens: int = 0
     draft_accepted: int = 0
 
@@ -50,14 +54,21 @@ class AcceptanceCounts:
         return ((self.accepted.get(key, 0.0) + PRIOR_RATE * PRIOR_WEIGHT)
                 / (self.tried.get(key, 0.0) + PRIOR_WEIGHT))
 
-    def record(self, source: str, match_len: int, proposed: int, accepted: int) -> None:
+    def phase_rate(self, phase: str) -> float:
+        return ((self.phase_accepted.get(phase, 0.0) + PRIOR_RATE * PRIOR_WEIGHT)
+                / (self.phase_tried.get(phase, 0.0) + PRIOR_WEIGHT))
+
+    def record(self, source: str, match_len: int, proposed: int, accepted: int, phase: str | None = None) -> None:
         """``accepted`` of ``proposed`` tokens passed: that is ``accepted`` successes in ``min(accepted + 1,
-        proposed)`` positions tried (a geometric run)."""
+        proposed)`` positions tried (a geometric run). ``phase``: also count it for that phase's suffix rate."""
         if proposed <= 0:
             return
-        key = (source_kind(source), _bucket(match_len))
-        self.tried[key] = self.tried.get(key, 0.0) + min(accepted + 1, proposed)
+        key, tried = (source_kind(source), _bucket(match_len)), min(accepted + 1, proposed)
+        self.tried[key] = self.tried.get(key, 0.0) + tried
         self.accepted[key] = self.accepted.get(key, 0.0) + accepted
+        if phase is not None and source not in ("prefix", "bootstrap"):
+            self.phase_tried[phase] = self.phase_tried.get(phase, 0.0) + tried
+            self.phase_accepted[phase] = self.phase_accepted.get(phase, 0.0) + accepted
 
     def record_drafts(self, tokens: int, accepted: int) -> None:
         self.draft_tokens += tokens
@@ -91,10 +102,16 @@ class SpeculationPolicy:
                 best_k, best = k, value
         return best_k
 
-    def fork_pays(self, rows: int, width: int = 1) -> bool:
-        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs per step."""
-        extra = (self.costs(rows + 1, width) - self.costs(rows, width)) / self.costs(1, 1)
-        return extra <= 0.0 or extra < self.counts.draft_yield
+    def cost_per_token(self, rows: int, rate: float, max_k: int = 16) -> float:
+        """Step cost per token of a lane that proposes at its best length, beside ``rows - 1`` other lanes."""
+        return min(self.costs(rows, k + 1) / expected_tokens(rate, k) for k in range(max_k + 1))
+
+    def fork_pays(self, rows: int, think_speculation: bool = True) -> bool:
+        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs."""
+        think = self.counts.phase_rate("think") if think_speculation else 0.0
+        loss = self.cost_per_token(rows + 1, think) - self.cost_per_token(rows, think)
+        gain = self.counts.draft_yield * self.cost_per_token(1, self.counts.phase_rate("answer"))
+        return loss <= 0.0 or gain > loss
 
     def summary(self) -> dict:
         """The cost model's figures, for the stats."""

@@ -91,10 +91,14 @@ class DraftPrefix:
             return None
         return Proposal(chunk, "prefix", 0, self.probs[self.at: self.at + len(chunk)])
 
-    def advance(self, taken: int, whole: bool) -> None:
-        """``taken`` tokens of the last chunk went into the answer; a chunk not taken whole ends the prefix stage."""
+    def advance(self, taken: int, whole: bool, bonus: int) -> None:
+        """``taken`` tokens of the last chunk went into the answer, then the verifier's own ``bonus`` token. The
+        stage goes on only if the chunk passed whole and the bonus token is the draft's next one as well."""
         self.at += taken
-        self.done = not whole
+        if whole and self.at < len(self.tokens) and self.tokens[self.at] == bonus:
+            self.at += 1
+        else:
+            self.done = True
 
 
 class SchemaFixed:

@@ -160,6 +160,19 @@ def test_full_acceptance_needs_few_verify_passes():
     assert ssr.stats["forward_passes_saved"] >= ssr.stats["accepted_prefix_tokens"] - 1
 
 
+def test_draft_prefix_verified_in_chunks_keeps_its_alignment():
+    """A draft verified a few tokens a pass: after a chunk passes whole, the verifier's own token is the draft's next
+    one, and the next chunk starts after it, so the whole draft is still taken (one chunk per pass)."""
+    engine = tiny_engine(1, attention=0.0, scale=0.5)
+    cfg = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=40, draft_start=1, suffix_decoding=False,
+               think_speculation=False, max_verify_tokens=3)
+    plain, ssr = run_pair(engine, cfg, prompt_ids("abc\nde"))
+    assert ssr.token_ids == plain.token_ids
+    draft, chunks = ssr.stats["drafts"][-1], ssr.stats["speculation"]["answer"]["verify_steps"]
+    assert draft["length"] >= 8 and draft["accepted_prefix"] + chunks >= draft["length"]  # the whole draft is used
+    assert chunks <= -(-draft["length"] // 4), (draft, chunks)  # 3 of its tokens + the verifier's own per pass
+
+
 def test_streaming_deltas_add_up():
     engine = tiny_engine(2, attention=0.4, scale=0.5)
     cfg = SSRConfig(**BASE, draft_start=1, stop=("y",))

@@ -45,15 +45,27 @@ def test_lengths_follow_the_table_and_the_acceptance_rate():
     assert intel.proposal_length(1, "thinking", 20, 16) > 0  # long matches are counted apart: still the prior
 
 
-def test_forks_pay_where_an_extra_lane_is_cheaper_than_what_drafts_yield():
-    amd_stationary = CostTable(rows=(1, 2), widths=(1, 2), cost=((1.0, 1.35), (1.30, 1.8)))
-    amd_linear = CostTable(rows=(1, 2), widths=(1, 2), cost=((1.0, 1.9), (2.03, 3.5)))
+def test_forks_pay_where_an_extra_lane_costs_less_than_what_drafts_save():
+    cheap_lane = CostTable(rows=(1, 2), widths=(1, 2), cost=((1.0, 1.35), (1.02, 1.4)))
+    dear_lane = CostTable(rows=(1, 2), widths=(1, 2), cost=((1.0, 1.9), (2.03, 3.5)))
     counts = AcceptanceCounts()
-    assert SpeculationPolicy(amd_stationary, counts).fork_pays(1)  # 0.30 extra < 0.5 prior yield
-    assert not SpeculationPolicy(amd_linear, counts).fork_pays(1)
-    counts.record_drafts(tokens=1000, accepted=100)  # drafts that are rarely used
-    assert not SpeculationPolicy(amd_stationary, counts).fork_pays(1)
-    assert SpeculationPolicy(INTEL, counts).fork_pays(1)  # 0.03 extra still pays
+    assert SpeculationPolicy(cheap_lane, counts).fork_pays(1)
+    assert not SpeculationPolicy(dear_lane, counts).fork_pays(1)
+    # a padded draft row makes the thinking lane's multi-token steps dear (a 1.32x step becomes 2.8x): a draft
+    # then costs the thinking lane its speculation, and pays only if the answer would otherwise be costly
+    padded = CostTable(rows=(1, 2), widths=(1, 4), cost=((1.0, 1.32), (1.1, 2.82)))
+    for _ in range(100):
+        counts.record("thinking", 8, 3, 3, phase="think")  # the thinking copies itself
+        counts.record("thinking", 8, 3, 3, phase="answer")  # ... and the answer copies the thinking
+    assert not SpeculationPolicy(padded, counts).fork_pays(1)
+    assert not SpeculationPolicy(padded, counts).fork_pays(1, think_speculation=False)  # the answer is cheap anyway
+    hard = AcceptanceCounts()
+    for _ in range(100):
+        hard.record("prompt", 8, 3, 0, phase="answer")  # nothing to copy in the answer: drafts are worth a lot
+    assert SpeculationPolicy(padded, hard).fork_pays(1, think_speculation=False)
+    hard.record_drafts(tokens=1000, accepted=10)  # ... unless they are rarely right
+    assert not SpeculationPolicy(padded, hard).fork_pays(1, think_speculation=False)
+    assert SpeculationPolicy(CostTable.flat(), hard).fork_pays(3)  # a free lane always pays
 
 
 def test_acceptance_counts_are_geometric_runs():

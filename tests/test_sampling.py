@@ -47,6 +47,16 @@ def test_top_p_top_k_processing():
     assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
+def same_distribution(plain: collections.Counter, ssr: collections.Counter) -> bool:
+    """Two-sample chi-square on outcome counts; outcomes seen fewer than 10 times in all are pooled."""
+    keys = [k for k in plain if plain[k] + ssr[k] >= 10]
+    rest = [sum(v for k, v in c.items() if k not in keys) for c in (plain, ssr)]
+    table = [[plain[k] for k in keys] + rest[:1], [ssr[k] for k in keys] + rest[1:]]
+    if sum(rest) == 0:
+        table = [row[:-1] for row in table]
+    return chi2_contingency(table).pvalue > P_THRESHOLD
+
+
 BASE = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, max_draft_tokens=4)
 VARIANTS = {  # each SSR variant exercises one kind of proposal
     "draft-prefix": dict(suffix_decoding=False),
@@ -82,12 +92,7 @@ def test_end_to_end_distribution_matches_plain_sampling(tiny_sampling, variant):
         assert accepted["prefix"] > N // 10, accepted  # drafts really were accepted (and rejected) often
     else:  # point-mass proposals were tried often: rejections exercise the recovery rule
         assert accepted["tried"] > N // 2 and accepted["suffix"] > 0, accepted
-    keys = [k for k in plain if plain[k] + ssr[k] >= 10]
-    rest = [sum(v for k, v in c.items() if k not in keys) for c in (plain, ssr)]
-    table = [[plain[k] for k in keys] + rest[:1], [ssr[k] for k in keys] + rest[1:]]
-    if sum(rest) == 0:
-        table = [row[:-1] for row in table]
-    assert chi2_contingency(table).pvalue > P_THRESHOLD
+    assert same_distribution(plain, ssr)
 
 
 def test_thinking_speculation_keeps_the_distribution():
@@ -106,12 +111,7 @@ def test_thinking_speculation_keeps_the_distribution():
         samples.append(counts)
     plain, ssr = samples
     assert accepted > 20, accepted  # thinking proposals really were verified and accepted
-    keys = [k for k in plain if plain[k] + ssr[k] >= 10]
-    rest = [sum(v for k, v in c.items() if k not in keys) for c in (plain, ssr)]
-    table = [[plain[k] for k in keys] + rest[:1], [ssr[k] for k in keys] + rest[1:]]
-    if sum(rest) == 0:
-        table = [row[:-1] for row in table]
-    assert chi2_contingency(table).pvalue > P_THRESHOLD
+    assert same_distribution(plain, ssr)
 
 
 def test_guided_tool_names_keep_the_distribution():

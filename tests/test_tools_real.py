@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from ssr import SSRConfig
+from ssr import SSRConfig, SSREngine
+from ssr.costs import CostTable
 from test_chat import TOOLS
 
 pytestmark = pytest.mark.real_model
@@ -17,9 +18,17 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?
 
 
 @pytest.fixture(scope="module")
-def tool_pair(default_engine):
+def flat_engine(default_engine):
+    """The loaded model with a cost table that prices every step alike: the counts below then do not depend on the
+    machine's measured costs (every proposal and draft is taken)."""
+    return SSREngine(default_engine.backend, default_engine.tokenizer, family=default_engine.family,
+                     costs=CostTable.flat())
+
+
+@pytest.fixture(scope="module")
+def tool_pair(default_engine, flat_engine):
     plain = default_engine.generate(QUESTION, tools=TOOLS, config=SSRConfig(enabled=False, **CFG))
-    ssr = default_engine.generate(QUESTION, tools=TOOLS, config=SSRConfig(**CFG))
+    ssr = flat_engine.generate(QUESTION, tools=TOOLS, config=SSRConfig(**CFG))
     return plain, ssr
 
 
@@ -73,7 +82,7 @@ def test_forced_tool_choice_is_exact_and_drafted(default_engine, tool_choice):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval missing")
-def test_required_call_among_several_tools_is_guided_and_drafted_whole(default_engine):
+def test_required_call_among_several_tools_is_guided_and_drafted_whole(default_engine, flat_engine):
     """A BFCL "multiple" item (four tools; the run measured in the README): unguided, the 0.5B model named a tool that
     does not exist ("capacitance_calculator"); the name guide keeps it to the bound names, the call is right, the
     draft forked at thinking token 8 wrote the same call, and one verify pass accepted it whole."""
@@ -82,8 +91,9 @@ def test_required_call_among_several_tools_is_guided_and_drafted_whole(default_e
 
     item = load_bfcl(categories=["multiple"])[6]
     assert item["id"] == "bfcl/multiple_6"
-    plain, ssr = (default_engine.generate(item["messages"], tools=item["tools"], tool_choice="required",
-                                          config=SSRConfig(enabled=enabled, **BFCL_CFG)) for enabled in (False, True))
+    plain, ssr = (engine.generate(item["messages"], tools=item["tools"], tool_choice="required",
+                                  config=SSRConfig(enabled=engine is flat_engine, **BFCL_CFG))
+                  for engine in (default_engine, flat_engine))
     assert ssr.token_ids == plain.token_ids
     assert [c["name"] for c in plain.tool_calls] == ["capacitance_calculator.calculate"], plain.answer
     assert score_bfcl(item, plain.tool_calls)["score"] == 1.0

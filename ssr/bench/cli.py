@@ -1,5 +1,5 @@
 """``ssr bench``: run suites x methods, write JSON lines + a Markdown report with plots; ``--micro`` for the
-issue-2 microbenchmarks. ``add_parser(subparsers)`` registers the sub-command on the ``ssr`` CLI; until then,
+engine microbenchmarks (calibration table, batched step, one-pass verification, memory). ``add_parser(subparsers)`` registers the sub-command on the ``ssr`` CLI; until then,
 ``python -m ssr.bench ...`` runs the same thing."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--out", default="bench-results", help="output directory (results.jsonl, report.md, PNGs)")
     parser.add_argument("--preset", choices=("default", "smoke"), default="default",
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
-    parser.add_argument("--micro", action="store_true", help="run the issue-2 microbenchmarks instead")
+    parser.add_argument("--micro", action="store_true", help="run the engine microbenchmarks instead (cost table, batched step, verify pass, RSS)")
     parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd)")
     parser.add_argument("--data-dir", default=None,
                         help="benchmark data folder (default: $SSR_BENCH_DATA or <repo>/../shared/data)")

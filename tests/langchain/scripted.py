@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ssr import SSREngine
+from ssr.costs import CostTable
 
 
 class ScriptedBackend:
@@ -101,4 +102,5 @@ def scripted_engine(tokenizer, config=None) -> SSREngine:
 
     family = detect_family(tokenizer, None)
     backend = ScriptedBackend(tokenizer, family.close_text)
-    return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted")
+    # a scripted backend has no costs to measure: price every step alike, so every proposal and draft is taken
+    return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted", costs=CostTable.flat())

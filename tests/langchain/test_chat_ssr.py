@@ -106,10 +106,11 @@ def without_index(content, drop=("index",)):
 
 
 def comparable_metadata(message) -> dict:
-    """response_metadata without wall-clock fields (two runs never take the same time)."""
+    """response_metadata without wall-clock fields (two runs never take the same time) and the cost model's online
+    figures (each request updates the acceptance rates the next one is priced with)."""
     meta = dict(message.response_metadata)
     stats = dict(meta.pop("ssr"))
-    for key in ("seconds", "time_to_think_end", "time_to_first_answer_token"):
+    for key in ("seconds", "time_to_think_end", "time_to_first_answer_token", "cost_model"):
         stats.pop(key, None)
     return {**meta, "ssr": stats}
 

@@ -42,8 +42,9 @@ def vllm_backend(tiny_model_dir):
 @pytest.fixture(scope="session")
 def vllm_engine(vllm_backend):
     from ssr import SSREngine
+    from ssr.costs import CostTable
 
-    return SSREngine(vllm_backend, vllm_backend.tokenizer, model_name="tiny-qwen2")
+    return SSREngine(vllm_backend, vllm_backend.tokenizer, model_name="tiny-qwen2", costs=CostTable.flat())
 
 
 def vllm_greedy(llm, prompt_ids: list[int], max_tokens: int) -> list[int]:

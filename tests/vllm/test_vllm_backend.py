@@ -15,6 +15,7 @@ if not vllm_installed():  # tests/vllm itself would import as a namespace packag
 from conftest import vllm_greedy  # noqa: E402
 
 from ssr import SSRConfig, SSREngine  # noqa: E402
+from ssr.costs import CostTable  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -147,7 +148,7 @@ def test_concurrent_requests_share_batches_without_cross_talk(vllm_backend):
     cfg = SSRConfig(draft_start=3, **BASE)
     sequential = {}
     views = [vllm_backend.view() for _ in PROMPTS]
-    solo = SSREngine(vllm_backend.view(), vllm_backend.tokenizer, model_name="tiny")
+    solo = SSREngine(vllm_backend.view(), vllm_backend.tokenizer, model_name="tiny", costs=CostTable.flat())
     for p in PROMPTS:
         sequential[p] = solo.generate(p, config=cfg)
     results: dict[str, object] = {}
@@ -155,7 +156,8 @@ def test_concurrent_requests_share_batches_without_cross_talk(vllm_backend):
 
     def worker(prompt: str) -> None:
         try:
-            engine = SSREngine(views[PROMPTS.index(prompt)], vllm_backend.tokenizer, model_name="tiny")
+            engine = SSREngine(views[PROMPTS.index(prompt)], vllm_backend.tokenizer, model_name="tiny",
+                               costs=CostTable.flat())
             results[prompt] = engine.generate(prompt, config=cfg)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
@@ -251,3 +253,14 @@ def test_full_vocabulary_view(vllm_backend):
     finally:
         full.release_all()
         top.release_all()
+
+
+def test_calibration_measures_through_the_vllm_backend(vllm_backend):
+    """The cost table is measured through the Backend protocol alone, so vLLM's steps are priced like any other's."""
+    from ssr.calibrate import measure_costs
+
+    view = vllm_backend.view()
+    table = measure_costs(view, rows=(1, 2), widths=(1, 2, 4), context=40, reps=1, progress=False)
+    assert table.cost[0][0] == 1.0 and table.base_seconds > 0
+    assert all(c > 0 for row in table.cost for c in row)
+    assert view.live_lanes == 0  # every lane it forked is released

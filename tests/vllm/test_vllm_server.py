@@ -20,6 +20,7 @@ if not vllm_installed():  # tests/vllm itself would import as a namespace packag
 from conftest import ENGINE_ARGS  # noqa: E402
 
 from ssr import SSRConfig, SSREngine  # noqa: E402
+from ssr.costs import CostTable  # noqa: E402
 from ssr.backends.vllm_server import (  # noqa: E402
     SSRBackendConnectionError, SSRBackendError, SSRBackendServerError, SSRBackendTimeout, VLLMServerBackend,
 )
@@ -87,7 +88,7 @@ def stop_group(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def server_engine(server, tiny_model_dir):
     backend = VLLMServerBackend(tiny_model_dir, model_name="tiny", base_url=server, timeout=120)
-    yield SSREngine(backend, backend.tokenizer, model_name="tiny")
+    yield SSREngine(backend, backend.tokenizer, model_name="tiny", costs=CostTable.flat())
     backend.close()
 
 
