@@ -32,7 +32,11 @@ class SSREngine:
         self.model_name = model_name or backend.model_name
         self._lock = threading.Lock()
         self._token_texts: dict[str, list[int]] | None = None  # for the tool-name guide, built on first use
-        self._policy = SpeculationPolicy(costs) if costs is not None else None  # None: calibrate on first use
+        if costs is None:  # measured here (or read from the disk cache), before any request holds a lane
+            from .calibrate import calibrated
+
+            costs = calibrated(backend)
+        self.policy = SpeculationPolicy(costs)  # this machine's step costs and the acceptance rates seen so far
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
@@ -42,18 +46,7 @@ class SSREngine:
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
         loaded = load_backend(backend, resolve_model(model), name, **backend_kwargs)
-        engine = cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs)
-        engine.policy  # noqa: B018 - calibrate at load, not inside the first timed request
-        return engine
-
-    @property
-    def policy(self) -> SpeculationPolicy:
-        """The speculation policy: this machine's measured step costs and the acceptance rates seen so far."""
-        if self._policy is None:
-            from .calibrate import calibrated
-
-            self._policy = SpeculationPolicy(calibrated(self.backend))
-        return self._policy
+        return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs)
 
     @property
     def costs(self) -> CostTable:

@@ -219,9 +219,9 @@ def test_micro_calibration_report(tmp_path, monkeypatch):
     from ssr.bench import micro
 
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))
-    engine = types.SimpleNamespace(backend=backend(), _policy=object())
+    engine = types.SimpleNamespace(backend=backend(), policy=types.SimpleNamespace(costs=None))
     c = micro.calibration(engine)
-    assert engine._policy is None  # the engine re-reads the fresh table
+    assert engine.policy.costs.to_dict() == c["table"]  # the engine prices its next requests with the fresh table
     assert c["kernels"] == engine.backend.kernels and len(c["table"]["rows"]) == 3
     md = micro.micro_markdown({"model": "tiny", "backend": "transformers", "preset": "smoke", "calibration": c})
     assert "## Calibration" in md and "| lanes \\ tokens per lane | 1 | 2 | 3 | 4 | 6 | 8 | 12 | 16 |" in md

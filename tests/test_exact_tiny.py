@@ -128,7 +128,7 @@ def test_nothing_pays_on_a_linear_cost_table():
     declined = 0
     for seed in range(3):
         engine = tiny_engine(seed, attention=0.4, scale=0.5)
-        engine._policy = SpeculationPolicy(CostTable.linear())
+        engine.policy = SpeculationPolicy(CostTable.linear())
         for name, overrides in CASES:
             plain, ssr = run_pair(engine, overrides, _prompt(PROMPTS[seed]))
             assert ssr.token_ids == plain.token_ids, (seed, name)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import inspect
 import io
 import pstats
 import time
@@ -49,6 +48,7 @@ def build_engine(max_length: int, seed: int = 0):
 
     from ..backends.transformers import TransformersBackend
     from ..chat import QWEN2_INSTRUCT
+    from ..costs import CostTable
     from ..engine import SSREngine
     from ..models import DEFAULT_MODEL, resolve_model
 
@@ -61,12 +61,9 @@ def build_engine(max_length: int, seed: int = 0):
     model = Qwen2ForCausalLM(config).float().eval()
     eos = [151643, 151645]
     backend = _MaskedBackend(TransformersBackend(model, "tiny-qwen2-151k", eos, 151643), eos)
-    extra = {}
-    if "costs" in inspect.signature(SSREngine).parameters:  # a flat cost table: every SSR path runs all along
-        from ..costs import CostTable
-
-        extra["costs"] = CostTable.flat()
-    return SSREngine(backend, tokenizer, family=QWEN2_INSTRUCT, model_name="tiny-qwen2-151k", **extra), backend
+    # a flat cost table: every SSR path runs all along, whatever this machine's costs
+    return SSREngine(backend, tokenizer, family=QWEN2_INSTRUCT, model_name="tiny-qwen2-151k",
+                     costs=CostTable.flat()), backend
 
 
 def _run(engine, backend, config, lengths, window: int, profile_top: int) -> dict[str, Any]:

@@ -122,8 +122,7 @@ def calibration(engine) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     table = calibrated(engine.backend, refresh=True)
-    if getattr(engine, "_policy", None) is not None:
-        engine._policy = None  # the engine re-reads the fresh table on next use
+    engine.policy.costs = table  # the engine prices its next requests with the fresh table
     return {"seconds": round(time.perf_counter() - t0, 1), "kernels": table.meta.get("kernels"),
             "table": table.to_dict(), "threads": _threads()}
 
