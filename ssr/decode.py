@@ -25,10 +25,7 @@ from .policy import SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
 from .schema import ToolNameGuide
 from .stats import RequestCounts, Speculation, request_stats
-from .transcript import CLOSED, CONTINUE, FINISHED, REWOUND, Transcript
-
-REWIND_REACH = 8  # a "Wait" continuation rewrites at most this many of the last tokens (Transcript._rewind)
-
+from .transcript import CLOSED, CONTINUE, FINISHED, MARKER_WINDOW, REWOUND, Transcript
 
 class Cancelled(Exception):
     """The caller stopped the request; its lanes are already free."""
@@ -200,7 +197,7 @@ class Request:
         """Truncate the lane to the longest prefix of what it holds that the transcript still holds (rejected
         proposals, forced text and rewinds drop the rest). Work is O(new tokens), not O(length)."""
         tokens, held = self.transcript.tokens, self.lane_tokens
-        keep = max(0, min(self.synced, before - REWIND_REACH))
+        keep = max(0, min(self.synced, before - MARKER_WINDOW))  # a rewind cuts no further back
         limit = min(len(held), len(tokens) - 1)  # the last token is always fed again: its row is the next choice
         while keep < limit and held[keep] == tokens[keep]:
             keep += 1
@@ -225,7 +222,7 @@ class Request:
             self.counts.passes[phase] += 1
         return out
 
-    # -- drafts ----------------------------------------------------------------------------------------------------------
+    # -- drafts --------------------------------------------------------------------------------------------------------
     def _maybe_fork(self) -> None:
         if not self.drafts.due():
             return

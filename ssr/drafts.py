@@ -18,6 +18,7 @@ from .accept import Sampler, verify
 from .backends.base import Backend
 from .config import SSRConfig
 from .proposals import Context, Proposal, SuffixSources, tail_of
+from .stats import Speculation
 
 GuideRows = Callable[[torch.Tensor, str, list[int]], torch.Tensor]  # (rows, answer text, proposal) -> rows
 
@@ -52,7 +53,7 @@ class DraftLanes:
         self.suffix, self.guide_rows = suffix, guide_rows
         self.all: list[Draft] = []
         self.live: list[Draft] = []
-        self.steps = self.proposed = self.accepted = 0
+        self.speculation = Speculation()  # the draft lanes' steps, proposals and accepted tokens
         self.declined_at: int | None = None  # thinking tokens when the cost model last declined a fork
 
     def due(self) -> bool:
@@ -102,10 +103,7 @@ class DraftLanes:
             rows = self.guide_rows(out[draft.lane], self.transcript.draft_answer(draft.tokens), proposal.tokens)
             accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
             new = proposal.tokens[:accepted] + [token]
-            self.steps += 1
-            if proposal.tokens:
-                self.proposed += len(proposal.tokens)
-                self.accepted += accepted
+            self.speculation.add(len(proposal.tokens), accepted)
             if proposal.source == "bootstrap":
                 draft.bootstrapped = accepted
             else:

@@ -96,9 +96,8 @@ class SSREngine:
         cfg = (config or self.config).override(**overrides)
         ids = self.encode(prompt, tools, tool_choice)
         opening = tool_call_opening(self.family, tool_choice, tools)
-        policy = self.policy if cfg.enabled else SpeculationPolicy(CostTable.linear())
-        return Request(self.backend, self.tokenizer, self.family, cfg, ids, policy, thinking=thinking, cancel=cancel,
-                       tools=tools if tool_choice != "none" else None, answer_opening=opening,
+        return Request(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
+                       cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
                        guide=self._name_guide(opening, tools))
 
     def _name_guide(self, opening: str, tools: list[dict] | None) -> ToolNameGuide | None:

@@ -59,7 +59,6 @@ def request_stats(request) -> dict:
     t, c, drafts = request.transcript, request.counts, request.drafts
     accepted = c.accepted_prefix + c.accepted_suffix
     total = time.perf_counter() - c.start
-    draft_spec = Speculation(steps=drafts.steps, verify_steps=0, proposed=drafts.proposed, accepted=drafts.accepted)
 
     def since_start(at: float | None) -> float | None:
         return round(at - c.start, 4) if at is not None else None
@@ -77,7 +76,7 @@ def request_stats(request) -> dict:
         "accepted_suffix_tokens": c.accepted_suffix,
         "accepted_by_source": dict(c.accepted_by_source),
         "think_accepted_tokens": c.think.accepted,
-        "speculation": {"think": c.think.record(), "draft": draft_spec.record(), "answer": c.answer.record()},
+        "speculation": {"think": c.think.record(), "draft": drafts.speculation.record(), "answer": c.answer.record()},
         "drafts": [d.record() for d in drafts.all],
         "draft_tokens": sum(len(d.tokens) for d in drafts.all),
         "bootstrapped_tokens": sum(d.bootstrapped for d in drafts.all),

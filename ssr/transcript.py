@@ -15,6 +15,7 @@ from .config import SSRConfig
 CONTINUE, CLOSED, REWOUND, FINISHED = "continue", "closed", "rewound", "finished"
 CONTEXT = 4  # tokens decoded ahead of the new ones, for decoders whose text for a token depends on what precedes it
 STEP = 64  # most tokens decoded in one window when catching up
+MARKER_WINDOW = 8  # the close marker is looked for in the last this many tokens, so a rewind cuts no further back
 
 
 class IncrementalText:
@@ -155,10 +156,10 @@ class Transcript:
         return CONTINUE
 
     def _ends_with_marker(self) -> bool:
-        tail = self.decode(self.tokens[-8:])
+        tail = self.decode(self.tokens[-MARKER_WINDOW:])
         if self.marker not in tail:
             return False
-        return self.marker not in self.decode(self.tokens[-8:-1])
+        return self.marker not in self.decode(self.tokens[-MARKER_WINDOW:-1])
 
     def _rewind(self) -> str:
         """min_think_tokens: drop the tokens that spelled the close marker and continue thinking instead."""
