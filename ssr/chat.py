@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+Prompt = str | list[dict[str, Any]] | list[int]  # text, chat messages, or token ids
+
 THINK_INSTRUCTION = (
     "You are a careful assistant that reasons before answering. First think step by step inside "
     "<think> ... </think>; then, after </think>, write only the final answer."
@@ -81,6 +83,40 @@ def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
         messages[1:1] = [dict(m) for m in demonstration]
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
     return text + family.think_prefill
+
+
+def encode_prompt(tokenizer, family: ChatFamily, prompt: "Prompt", tools: list[dict[str, Any]] | None = None,
+                  tool_choice: str | None = None, context_window: int | None = None) -> list[int]:
+    """Prompt token ids, exactly as the engine decodes them, from the tokenizer alone (token counting needs no
+    weights): text becomes one user message; messages go through the chat template; ids pass as they are."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("prompt is empty")
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError("prompt is empty: give text, a non-empty list of chat messages, or token ids")
+    if all(isinstance(t, int) for t in prompt):
+        ids = list(prompt)
+    elif all(isinstance(m, dict) for m in prompt):
+        messages = [dict(m) for m in prompt]
+        extra = tool_instruction(tool_choice, tools)
+        if extra:
+            last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+            if last_user is not None:
+                messages[last_user]["content"] = f"{messages[last_user].get('content') or ''}\n\n{extra}"
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant", "tool"):
+                raise ValueError(f"unknown chat role {m.get('role')!r}: use system, user, assistant or tool")
+        tools_for_template = None if tool_choice == "none" else tools
+        text = render_prompt(tokenizer, family, messages, tools_for_template,
+                             call_required=bool(tool_call_opening(family, tool_choice, tools)))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        raise ValueError("prompt must be text, a list of chat-message dicts, or a list of token ids")
+    if context_window is not None and len(ids) >= context_window:
+        raise ValueError(f"prompt is {len(ids)} tokens, over the model's context window of "
+                         f"{context_window} tokens (leave room for the answer)")
+    return ids
 
 
 def _normalise(message: dict[str, Any]) -> dict[str, Any]:

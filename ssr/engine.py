@@ -7,7 +7,7 @@ import threading
 from typing import Any, AsyncIterator, Iterator
 
 from .backends import load_backend
-from .chat import ChatFamily, detect_family, parse_tool_calls, render_prompt, tool_call_opening, tool_instruction
+from .chat import ChatFamily, Prompt, detect_family, encode_prompt, parse_tool_calls, tool_call_opening
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Request
@@ -16,7 +16,6 @@ from .policy import SpeculationPolicy
 from .schema import ToolNameGuide, token_ids_by_text
 from .result import GenerationResult, StreamEvent
 
-Prompt = str | list[dict[str, Any]] | list[int]
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
@@ -58,35 +57,8 @@ class SSREngine:
 
     # -- prompts -------------------------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt, tools: list[dict] | None = None, tool_choice: str | None = None) -> list[int]:
-        """Prompt token ids: text becomes one user message; messages go through the chat template; ids pass as-is."""
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("prompt is empty")
-            prompt = [{"role": "user", "content": prompt}]
-        if not isinstance(prompt, list) or not prompt:
-            raise ValueError("prompt is empty: give text, a non-empty list of chat messages, or token ids")
-        if all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        elif all(isinstance(m, dict) for m in prompt):
-            messages = [dict(m) for m in prompt]
-            extra = tool_instruction(tool_choice, tools)
-            if extra:
-                last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-                if last_user is not None:
-                    messages[last_user]["content"] = f"{messages[last_user].get('content') or ''}\n\n{extra}"
-            for m in messages:
-                if m.get("role") not in ("system", "user", "assistant", "tool"):
-                    raise ValueError(f"unknown chat role {m.get('role')!r}: use system, user, assistant or tool")
-            tools_for_template = None if tool_choice == "none" else tools
-            text = render_prompt(self.tokenizer, self.family, messages, tools_for_template,
-                                 call_required=bool(tool_call_opening(self.family, tool_choice, tools)))
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            raise ValueError("prompt must be text, a list of chat-message dicts, or a list of token ids")
-        if len(ids) >= self.context_window:
-            raise ValueError(f"prompt is {len(ids)} tokens, over the model's context window of "
-                             f"{self.context_window} tokens (leave room for the answer)")
-        return ids
+        """Prompt token ids (``ssr.chat.encode_prompt`` with this engine's tokenizer, family and context window)."""
+        return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window)
 
     def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
                  thinking: bool = True, **overrides) -> Request:
