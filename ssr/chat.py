@@ -71,9 +71,13 @@ def detect_family(tokenizer, model_type: str | None) -> ChatFamily:
 
 
 def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None = None, call_required: bool = False) -> str:
-    """The chat template applied to the family's thinking setup, the conversation and the tools."""
+                  tools: list[dict[str, Any]] | None = None, call_required: bool = False,
+                  thinking: bool = True) -> str:
+    """The chat template applied to the family's thinking setup, the conversation and the tools. Without thinking,
+    the model's own template alone: the bare model, as it answers without SSR's recipe."""
     messages = [_normalise(m) for m in messages]
+    if not thinking:
+        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
     if family.system_prompt:
         if messages and messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
@@ -86,7 +90,8 @@ def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
 
 
 def encode_prompt(tokenizer, family: ChatFamily, prompt: "Prompt", tools: list[dict[str, Any]] | None = None,
-                  tool_choice: str | None = None, context_window: int | None = None) -> list[int]:
+                  tool_choice: str | None = None, context_window: int | None = None,
+                  thinking: bool = True) -> list[int]:
     """Prompt token ids, exactly as the engine decodes them, from the tokenizer alone (token counting needs no
     weights): text becomes one user message; messages go through the chat template; ids pass as they are."""
     if isinstance(prompt, str):
@@ -109,7 +114,7 @@ def encode_prompt(tokenizer, family: ChatFamily, prompt: "Prompt", tools: list[d
                 raise ValueError(f"unknown chat role {m.get('role')!r}: use system, user, assistant or tool")
         tools_for_template = None if tool_choice == "none" else tools
         text = render_prompt(tokenizer, family, messages, tools_for_template,
-                             call_required=bool(tool_call_opening(family, tool_choice, tools)))
+                             call_required=bool(tool_call_opening(family, tool_choice, tools)), thinking=thinking)
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         raise ValueError("prompt must be text, a list of chat-message dicts, or a list of token ids")
@@ -158,7 +163,7 @@ def tool_call_opening(family: ChatFamily, tool_choice: str | None, tools: list[d
     opening = f'{family.tool_call_open}\n{{"name": "'
     if tool_choice in ("any", "required"):
         if len(tools) > 1:
-            return opening  # the name is the model's, kept to the bound tools by the engine's ToolNameGuide
+            return opening  # the name is the model's, kept to the bound tools by the call grammar
         tool_choice = tools[0]["function"]["name"]
     return f'{opening}{tool_choice}", "arguments":'
 

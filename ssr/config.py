@@ -44,6 +44,9 @@ class SSRConfig:
     stop: tuple[str, ...] = ()
     # tool calls: schema-aware proposals where bound tools' JSON schemas fix the next text
     schema_proposals: bool = True
+    # bound tools' calls follow a grammar (bound names, schema-valid arguments); a decoding rule, so plain decoding
+    # and SSR both apply it. Off: the model writes calls freely and the parser reports the invalid ones
+    constrain_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str) or isinstance(self.stop, list):

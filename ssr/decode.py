@@ -21,9 +21,9 @@ from .backends.base import Backend
 from .chat import ChatFamily
 from .config import SSRConfig
 from .drafts import DraftLanes
+from .grammar import Constraint, Grammars
 from .policy import SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
-from .schema import ToolNameGuide
 from .stats import RequestCounts, Speculation, request_stats
 from .transcript import CLOSED, CONTINUE, FINISHED, MARKER_WINDOW, REWOUND, Transcript
 
@@ -35,17 +35,18 @@ class Request:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  policy: SpeculationPolicy, thinking: bool = True, cancel: threading.Event | None = None,
                  tools: list[dict] | None = None, answer_opening: str = "",
-                 guide: ToolNameGuide | None = None) -> None:
+                 grammar: tuple[Grammars, str] | None = None) -> None:
         self.backend, self.tokenizer, self.config, self.policy = backend, tokenizer, config, policy
         self.prompt_ids = list(prompt_ids)
         self.cancel = cancel or threading.Event()
         self.sampler = Sampler(config)
         self.transcript = Transcript(tokenizer, family, config, backend.eos_token_ids, thinking=thinking,
                                      answer_opening=answer_opening)
-        self.guide = guide  # part of the decoding rule: plain decoding and SSR both apply it
+        self.grammar = grammar  # (grammars, grammar text): part of the decoding rule, applied by every lane
+        self.constraint: Constraint | None = None  # the answer's parser state, from the end of thinking on
         self.counts = RequestCounts()
         self.suffix = self._suffix_sources() if config.enabled else None
-        self.drafts = DraftLanes(backend, config, self.sampler, self.transcript, self.suffix, self._guided)
+        self.drafts = DraftLanes(backend, config, self.sampler, self.transcript, self.suffix, grammar)
         self.schema = SchemaFixed(tools, tokenizer) if tools and config.enabled and config.schema_proposals else None
         self.prefix: DraftPrefix | None = None
         self.lane: int | None = None  # the thinking lane, which goes on as the answer
@@ -89,7 +90,7 @@ class Request:
     def _prefill(self) -> str:
         forced = self.transcript.tokens  # a forced answer opening when there is no thinking phase
         logits = self._step({self.lane: self.prompt_ids[self.reused:] + forced}, {self.lane: 1}, "prefill")
-        rows = self._guided(logits[self.lane], self.transcript.raw_answer(), [])
+        rows = self._constrained(logits[self.lane], [])
         return self._after(self._accept(Proposal([], "none"), rows, Speculation()))
 
     def _think_step(self) -> str:
@@ -107,7 +108,7 @@ class Request:
         proposal = self._proposal(1, [p for p in (self.prefix, self.schema, self.suffix) if p is not None])
         feeds, want = self._lane_feed(proposal)
         rows = self._step(feeds, want, "answer")[self.lane]
-        rows = self._guided(rows, self.transcript.raw_answer(), proposal.tokens)
+        rows = self._constrained(rows, proposal.tokens)
         return self._after(self._accept(proposal, rows, self.counts.answer))
 
     # -- proposals, verification, acceptance ---------------------------------------------------------------------------
@@ -205,13 +206,16 @@ class Request:
         self.synced = keep
         self.backend.truncate(self.lane, len(self.prompt_ids) + keep)
 
-    def _guided(self, rows: torch.Tensor, said: str, proposal: list[int]) -> torch.Tensor:
-        """``rows`` for the positions after ``said`` and after each prefix of ``proposal``, with the tool-name guide
-        applied where it holds."""
-        if self.guide is None or self.guide.opening not in said + self.transcript.decode(proposal):
+    def _constrained(self, rows: torch.Tensor, proposal: list[int]) -> torch.Tensor:
+        """``rows`` for the positions after the answer so far and after each prefix of ``proposal``, masked by the
+        request's grammar once the answer has begun."""
+        t = self.transcript
+        if self.grammar is None or t.answer_start is None:
             return rows
-        return torch.stack([self.guide.mask(rows[i], said + self.transcript.decode(proposal[:i]))
-                            for i in range(rows.shape[0])])
+        if self.constraint is None:
+            grammars, text = self.grammar
+            self.constraint = grammars.constraint(text, before=t.answer_residual)
+        return self.constraint.rows(rows, t.answer_tokens, proposal)
 
     def _step(self, feeds, want, phase: str) -> dict[int, torch.Tensor]:
         t0 = time.perf_counter()

@@ -10,17 +10,15 @@ sampling each draft token keeps the distribution it was drawn from, for the answ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from .accept import Sampler, verify
 from .backends.base import Backend
 from .config import SSRConfig
+from .grammar import Constraint, Grammars
 from .proposals import Context, Proposal, SuffixSources, tail_of
 from .stats import Speculation
-
-GuideRows = Callable[[torch.Tensor, str, list[int]], torch.Tensor]  # (rows, answer text, proposal) -> rows
 
 
 @dataclass
@@ -37,6 +35,7 @@ class Draft:
     accepted_prefix: int = 0
     accepted_suffix: int = 0
     speculated: int = 0  # of its tokens, how many came from accepted proposals
+    constraint: Constraint | None = None  # the request's grammar over this draft's answer
 
     def record(self) -> dict:
         return {"budget": self.budget, "length": len(self.tokens), "accepted_prefix": self.accepted_prefix,
@@ -48,9 +47,9 @@ class DraftLanes:
     """Every draft of one request: forks, per-step feeds, verification of their proposals, retirement."""
 
     def __init__(self, backend: Backend, config: SSRConfig, sampler: Sampler, transcript, suffix: SuffixSources | None,
-                 guide_rows: GuideRows) -> None:
+                 grammar: tuple[Grammars, str] | None = None) -> None:
         self.backend, self.config, self.sampler, self.transcript = backend, config, sampler, transcript
-        self.suffix, self.guide_rows = suffix, guide_rows
+        self.suffix, self.grammar = suffix, grammar
         self.all: list[Draft] = []
         self.live: list[Draft] = []
         self.speculation = Speculation()  # the draft lanes' steps, proposals and accepted tokens
@@ -73,6 +72,9 @@ class DraftLanes:
         boot = previous.tokens[: cfg.max_draft_tokens] if previous is not None and cfg.bootstrap_drafts else []
         draft = Draft(index=len(self.all), budget=t.think_tokens, lane=self.backend.fork(parent),
                       feed=pending + t.close_ids, head=tail_of(head, t.close_ids))
+        if self.grammar is not None:
+            grammars, text = self.grammar
+            draft.constraint = grammars.constraint(text, before=t.answer_residual_of(t.close_ids))
         if boot:
             draft.proposal = Proposal(list(boot), "bootstrap", 0, list(previous.probs[: len(boot)]))
         self.all.append(draft)
@@ -100,7 +102,9 @@ class DraftLanes:
         for draft in list(self.live):
             proposal = draft.proposal or Proposal([], "none")
             draft.proposal = None
-            rows = self.guide_rows(out[draft.lane], self.transcript.draft_answer(draft.tokens), proposal.tokens)
+            rows = out[draft.lane]
+            if draft.constraint is not None:
+                rows = draft.constraint.rows(rows, draft.tokens, proposal.tokens)
             accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
             new = proposal.tokens[:accepted] + [token]
             self.speculation.add(len(proposal.tokens), accepted)

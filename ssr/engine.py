@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator
 
 from .backends import load_backend
-from .chat import ChatFamily, Prompt, detect_family, encode_prompt, parse_tool_calls, tool_call_opening
+from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_prompt, parse_tool_calls, tool_call_opening
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Request
+from .grammar import Grammars, check_tool_choice, json_grammar, response_schema, tool_call_grammar
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
-from .schema import ToolNameGuide, token_ids_by_text
 from .result import GenerationResult, StreamEvent
+from .toolstream import ToolCallStream
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -30,7 +31,7 @@ class SSREngine:
         self.family = family or detect_family(tokenizer, getattr(getattr(backend, "config", None), "model_type", None))
         self.model_name = model_name or backend.model_name
         self._lock = threading.Lock()
-        self._token_texts: dict[str, list[int]] | None = None  # for the tool-name guide, built on first use
+        self._grammars: Grammars | None = None  # the tokenizer converted for llguidance, on first use
         if costs is None:  # measured here (or read from the disk cache), before any request holds a lane
             from .calibrate import calibrated
 
@@ -56,45 +57,73 @@ class SSREngine:
         return self.backend.context_window
 
     # -- prompts -------------------------------------------------------------------------------------------------------
-    def encode(self, prompt: Prompt, tools: list[dict] | None = None, tool_choice: str | None = None) -> list[int]:
+    def encode(self, prompt: Prompt, tools: list[dict] | None = None, tool_choice: str | None = None,
+               thinking: bool = True) -> list[int]:
         """Prompt token ids (``ssr.chat.encode_prompt`` with this engine's tokenizer, family and context window)."""
-        return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window)
+        return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window, thinking)
 
     def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
-                 thinking: bool = True, **overrides) -> Request:
+                 thinking: bool = True, response_format: dict | None = None, **overrides) -> Request:
         unknown = set(overrides) - set(_SAMPLING)
         if unknown:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
         cfg = (config or self.config).override(**overrides)
-        ids = self.encode(prompt, tools, tool_choice)
+        check_tool_choice(tools, tool_choice)
+        grammar = self._grammar(response_format, tools if cfg.constrain_tool_calls else None, tool_choice)
+        ids = self.encode(prompt, tools, tool_choice, thinking)
         opening = tool_call_opening(self.family, tool_choice, tools)
         return Request(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
                        cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
-                       guide=self._name_guide(opening, tools))
+                       grammar=grammar)
 
-    def _name_guide(self, opening: str, tools: list[dict] | None) -> ToolNameGuide | None:
-        """A required call whose name is not forced gets its name restricted to the bound tools."""
-        if not opening.endswith('"name": "'):
+    def _grammar(self, response_format: dict | None, tools: list[dict] | None,
+                 tool_choice: str | None) -> tuple[Grammars, str] | None:
+        """The grammar the answer must follow: the response format's JSON schema, or the bound tools' calls."""
+        schema = response_schema(response_format)
+        calls = bool(tools) and tool_choice != "none"
+        if schema is not None and calls:
+            raise ValueError("response_format and tools cannot both shape one answer: bind the schema as a tool "
+                             "(tool_choice=<its name>) or leave the tools out")
+        if schema is None and not calls:
             return None
-        return ToolNameGuide(opening, [t["function"]["name"] for t in tools], self.token_texts())
+        grammars, family = self.grammars(), self.family
+        text = json_grammar(schema) if schema is not None else tool_call_grammar(
+            tools, tool_choice, family.tool_call_open, family.tool_call_close,
+            special_markers=grammars.is_special(family.tool_call_open))
+        grammars.check(text)
+        return grammars, text
 
-    def token_texts(self) -> dict[str, list[int]]:
-        """The tool-name guide's index of token texts, built on first use (~2 s for a 150k vocabulary); call it
-        before timing anything so that no timed request pays for it."""
-        if self._token_texts is None:
-            self._token_texts = token_ids_by_text(self.tokenizer)
-        return self._token_texts
+    def grammars(self) -> Grammars:
+        """Grammar support, built on first use (the tokenizer's conversion takes seconds for a 150k vocabulary);
+        call it before timing anything so that no timed request pays for it."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.backend.vocab_size, self.backend.eos_token_ids)
+        return self._grammars
 
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,
-               config: SSRConfig | None = None, thinking: bool = True, _cancel: threading.Event | None = None,
-               **overrides) -> Iterator[StreamEvent]:
-        """Yield reasoning and answer deltas as they become final, then a "done" event with the result."""
-        request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking, **overrides)
+               config: SSRConfig | None = None, thinking: bool = True, response_format: dict | None = None,
+               _cancel: threading.Event | None = None, **overrides) -> Iterator[StreamEvent]:
+        """Yield reasoning and answer deltas as they become final, then a "done" event with the result.
+
+        ``thinking=False`` answers at once, with the model's own chat template (no thinking recipe).
+
+        ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
+        {"schema": ...}}``) and bound ``tools`` constrain the answer with a grammar, in plain decoding and SSR
+        alike."""
+        request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
+                                response_format=response_format, **overrides)
+        calls = ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close) if tools else None
         with self._lock:
             for kind, text in request.run():
-                yield StreamEvent(kind, text)
-        yield StreamEvent("done", result=self._result(request, tools))
+                if kind == "answer" and calls is not None:
+                    yield from _events(calls.feed(text))
+                else:
+                    yield StreamEvent(kind, text)
+        parsed = parse_tool_calls(request.transcript.answer(), tools) if tools else None
+        if calls is not None:
+            yield from _events(calls.finish(parsed))  # also gives the parsed calls their streamed ids
+        yield StreamEvent("done", result=self._result(request, parsed))
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Think, then answer; same keywords as ``stream``."""
@@ -140,10 +169,9 @@ class SSREngine:
                 return event.result
         raise RuntimeError("generation ended without a result")  # unreachable
 
-    def _result(self, request: Request, tools: list[dict] | None) -> GenerationResult:
+    def _result(self, request: Request, parsed: ToolCallParse | None) -> GenerationResult:
         t = request.transcript
         answer = t.answer()
-        parsed = parse_tool_calls(answer, tools) if tools else None
         reason = t.finish.reason if t.finish else "stop"
         if parsed and parsed.tool_calls and reason == "stop":
             reason = "tool_calls"
@@ -154,6 +182,12 @@ class SSREngine:
             invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
             content=parsed.content if parsed else answer,
         )
+
+
+def _events(pieces) -> Iterator[StreamEvent]:
+    """The tool-call stream's pieces as engine events: content as "answer", call pieces as "tool_call"."""
+    for kind, value in pieces:
+        yield StreamEvent("answer", value) if kind == "content" else StreamEvent("tool_call", tool_call=value)
 
 
 _ENGINES: dict[tuple, SSREngine] = {}

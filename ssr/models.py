@@ -106,3 +106,11 @@ def _convert_gguf(gguf: Path, out: Path, desc: str) -> None:
     tokenizer.save_pretrained(out)
     steps.update()
     steps.close()
+
+
+def load_tokenizer(model: str | None = None):
+    """The model's tokenizer alone, for counting tokens: no weights are loaded and nothing is downloaded (the
+    embedded default is converted into ``$SSR_CACHE`` first if it never was)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)

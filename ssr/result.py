@@ -37,10 +37,13 @@ class GenerationResult:
 class StreamEvent:
     """A piece of a streamed generation.
 
-    ``kind`` is "reasoning" or "answer" for text deltas that are final (verified), and "done" for the last event,
-    which carries the full ``result``.
+    ``kind`` is "reasoning" or "answer" for text deltas that are final (verified); with tools bound, "answer" is
+    the content outside tool calls and "tool_call" carries a ``ToolCallDelta`` (a call's id and name, then fragments
+    of its arguments' JSON) as soon as it is final. "done" is the last event and carries the full ``result``, whose
+    tool calls keep the streamed ids.
     """
 
     kind: str
     text: str = ""
     result: GenerationResult | None = None
+    tool_call: Any = None  # ssr.toolstream.ToolCallDelta for kind "tool_call"

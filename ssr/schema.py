@@ -1,20 +1,17 @@
-"""What the bound tools fix inside a tool call: proposals (SSR only) and the name guide (every decoding).
+"""What the bound tools fix inside a tool call: proposals for SSR to verify.
 
 Inside ``<tool_call>`` the model writes ``{"name": "<tool>", "arguments": {...}}``. The wrapper, the rest of a tool
 name once its prefix is unique, and a property name once its prefix is unique among that tool's properties are
 fixed by the schemas; proposing them costs one verify pass, and the verifier still decides every token.
 
-When a call is required, ``ToolNameGuide`` restricts the function name to the bound tools' names, as vLLM's
-structured outputs do for ``tool_choice="required"``. It is part of the decoding rule, not a proposal: plain decoding
-and SSR mask the same positions, so their outputs stay identical.
+What the model may write there (the bound tools' names, arguments that follow their schemas) is the grammar's job
+(``ssr.grammar``), part of the decoding rule for plain decoding and SSR alike.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-import torch
 
 _NAME_SO_FAR = re.compile(r'<tool_call>\s*\{"name":\s*"([^"]*)$')
 _AFTER_NAME = '", "arguments":'  # where a forced or guided name ends; the model's own ' {"' token follows
@@ -45,41 +42,3 @@ class SchemaProposer:
     def _complete(prefix: str, options: list[str], after: str) -> str:
         matches = [o for o in options if o.startswith(prefix)]
         return matches[0][len(prefix):] + after if len(matches) == 1 else ""
-
-
-class ToolNameGuide:
-    """Masks every token that cannot continue a bound tool's name (and the ``", "arguments":`` after it)."""
-
-    def __init__(self, opening: str, names: list[str], token_ids_by_text: dict[str, list[int]]) -> None:
-        self.opening = opening  # the forced start of a required call, up to the name's opening quote
-        self.targets = [name + _AFTER_NAME for name in names]
-        self.ids_by_text = token_ids_by_text
-
-    def allowed(self, answer: str) -> list[int] | None:
-        """Token ids that may come next after ``answer``; None where the guide does not apply."""
-        at = answer.rfind(self.opening)
-        if at < 0:
-            return None
-        written = answer[at + len(self.opening):]
-        rests = {t[len(written):] for t in self.targets if t.startswith(written) and len(t) > len(written)}
-        ids = {i for rest in rests for k in range(1, len(rest) + 1) for i in self.ids_by_text.get(rest[:k], ())}
-        return sorted(ids) or None
-
-    def mask(self, logits: torch.Tensor, answer: str) -> torch.Tensor:
-        """``logits`` (one row) with the disallowed tokens at -inf; unchanged where the guide does not apply or where
-        no allowed token has a score (a backend that returns only its top-k scores)."""
-        ids = self.allowed(answer)
-        if ids is None:
-            return logits
-        keep = torch.full_like(logits, float("-inf"))
-        keep[ids] = logits[ids]
-        return keep if torch.isfinite(keep).any() else logits
-
-
-def token_ids_by_text(tokenizer) -> dict[str, list[int]]:
-    """Every token's text -> the ids that decode to it (built once per engine; ~2 s for a 150k vocabulary)."""
-    out: dict[str, list[int]] = {}
-    for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(len(tokenizer))])):
-        if text:
-            out.setdefault(text, []).append(i)
-    return out

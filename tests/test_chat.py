@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from ssr.chat import parse_tool_calls
-from ssr.schema import SchemaProposer, ToolNameGuide
+from ssr.schema import SchemaProposer
 from ssr.transcript import json_object_end
 
 TOOLS = [
@@ -68,23 +66,6 @@ def test_echoed_tool_definition_is_not_a_call():
     echo = '{"name": "get_time", "description": "d", "parameters": {"type": "object", "properties": {}}}'
     parsed = parse_tool_calls(echo, TOOLS)
     assert not parsed.tool_calls and "definition" in parsed.invalid_tool_calls[0]["error"]
-
-
-def test_tool_name_guide_allows_only_continuations_of_bound_names():
-    vocab = {"get": [1], "_": [2], "weather": [3], "_time": [4], '",': [5], " \"": [6], "arguments": [7], '":': [8],
-             "x": [9], "get_": [10]}
-    guide = ToolNameGuide('<tool_call>\n{"name": "', ["get_weather", "get_time"], vocab)
-    start = 'Sure.<tool_call>\n{"name": "'
-    assert guide.allowed(start) == [1, 10]
-    assert guide.allowed(start + "get") == [2, 4]
-    assert guide.allowed(start + "get_weather") == [5]
-    assert guide.allowed(start + 'get_weather", "arguments') == [8]
-    assert guide.allowed(start + 'get_weather", "arguments":') is None  # the guide ends where the model takes over
-    assert guide.allowed(start + "launch") is None  # off every name (a top-k backend left no allowed token)
-    assert guide.allowed("no call") is None
-    logits = torch.zeros(11)
-    assert torch.isinf(guide.mask(logits, start + "get")).sum() == 9
-    assert torch.equal(guide.mask(torch.full((11,), float("-inf")), start), torch.full((11,), float("-inf")))
 
 
 def test_json_object_end():

@@ -201,9 +201,11 @@ OPENING_TOOLS = [{"type": "function", "function": {"name": "ab", "parameters": {
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "ab"])
-def test_forced_tool_call_opening_is_exact(engines, tool_choice):
+def test_forced_tool_call_opening_is_exact(tool_choice):
     """tool_choice forces the call's opening after every kind of close (and with no thinking at all); drafts start
-    from the same opening, and SSR stays token-identical to plain decoding."""
+    from the same opening, the call grammar masks every lane after it, and SSR stays token-identical to plain
+    decoding."""
+    engines = {m: tiny_engine(m[0], attention=m[1], scale=0.5, vocab=TOOL_VOCAB) for m in MODELS}
     tokenizer = next(iter(engines.values())).tokenizer
     opening = tool_call_opening(TINY_FAMILY, tool_choice, OPENING_TOOLS)
     shown = tokenizer.decode(tokenizer.encode(opening, add_special_tokens=False), skip_special_tokens=True).strip()
@@ -224,7 +226,7 @@ def test_forced_tool_call_opening_is_exact(engines, tool_choice):
 
 
 def test_required_call_names_a_bound_tool_and_stays_exact():
-    """With several tools and a required call, the tool-name guide restricts the name (a random model would almost
+    """With several tools and a required call, the call grammar restricts the name (a random model would almost
     never spell one) and the call's closing brace ends the answer; plain decoding and SSR apply the same rules, so
     they stay token-identical, drafts included."""
     opening = tool_call_opening(TINY_FAMILY, "required", GUIDED_TOOLS)

@@ -68,12 +68,13 @@ def test_agent_step_reuses_the_conversation_cache(default_engine, tool_pair):
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "get_time"])
-def test_forced_tool_choice_is_exact_and_drafted(default_engine, tool_choice):
+def test_forced_tool_choice_is_exact_and_drafted(default_engine, flat_engine, tool_choice):
     """tool_choice forces the call's opening (and the name, when one tool is named) after the thinking; the model
     writes the rest, drafts start from the same opening, and SSR gives plain decoding's tokens."""
     question = [{"role": "user", "content": "What time is it in Tokyo?"}]
-    plain, ssr = (default_engine.generate(question, tools=TOOLS, tool_choice=tool_choice,
-                                          config=SSRConfig(enabled=enabled, **CFG)) for enabled in (False, True))
+    plain, ssr = (engine.generate(question, tools=TOOLS, tool_choice=tool_choice,
+                                  config=SSRConfig(enabled=engine is flat_engine, **CFG))
+                  for engine in (default_engine, flat_engine))
     assert ssr.token_ids == plain.token_ids
     assert plain.answer.startswith('<tool_call>\n{"name": "')
     assert [c["name"] for c in ssr.tool_calls] == ["get_time"], (ssr.answer, ssr.invalid_tool_calls)

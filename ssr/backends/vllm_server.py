@@ -17,8 +17,10 @@ row are ``-inf``. Greedy decoding needs only the top-1 and is exact; sampling fr
 top-K renormalised (exact only with the full vocabulary). Start the server with ``--logprobs-mode raw_logits`` to
 get raw logits (with the default mode the scores are log-probabilities, which give the same argmax and softmax).
 
-Errors raise ``SSRBackendError`` subclasses: ``SSRBackendConnectionError`` (refused / reset / unreachable),
-``SSRBackendTimeout``, ``SSRBackendServerError`` (HTTP error status, or a malformed answer).
+Errors raise ``SSRBackendError`` subclasses: ``SSRBackendConnectionError`` (refused / reset / unreachable, after
+``max_retries`` retries), ``SSRBackendTimeout`` (no answer within ``timeout`` seconds; never retried: the server is up
+but busy, and a retry would only double the wait), ``SSRBackendServerError`` (HTTP error status, or a malformed
+answer). A step is stateless on the server, so retrying one is safe.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,19 +70,33 @@ class _Lane:
     tokens: list[int] = field(default_factory=list)
 
 
-class _Http:
-    """One keep-alive connection per thread to ``base_url``."""
+def _secret(value: Any) -> str | None:
+    """An API key given as text or as a secret wrapper (pydantic ``SecretStr``)."""
+    if value is not None and hasattr(value, "get_secret_value"):
+        value = value.get_secret_value()
+    return str(value) if value else None
 
-    def __init__(self, base_url: str, timeout: float, api_key: str | None) -> None:
+
+class _Http:
+    """One keep-alive connection per thread to ``base_url``; connection errors are retried ``max_retries`` times."""
+
+    RETRY_BACKOFF = 0.25  # seconds before the first retry, doubled for each next one (at most 4 s)
+
+    def __init__(self, base_url: str, timeout: float, api_key: str | None, max_retries: int = 2) -> None:
         parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"base_url must be http(s)://host:port[/v1], got {base_url!r}")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        self.max_retries = int(max_retries)
         self.scheme, self.host, self.port = parts.scheme, parts.hostname or "127.0.0.1", parts.port
         path = parts.path.rstrip("/")
         self.prefix = path[: -len("/v1")] if path.endswith("/v1") else path
         self.timeout = timeout
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if api_key:
+        if api_key := _secret(api_key):
             self.headers["Authorization"] = f"Bearer {api_key}"
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
@@ -105,10 +122,13 @@ class _Http:
     def request(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
         body = None if payload is None else json.dumps(payload).encode()
         url = f"{self.prefix}{path}"
-        for attempt in (0, 1):
+        retries = 0
+        stale_retry = True  # a kept-alive connection the server closed meanwhile gets one free retry
+        while True:
             conn = self._conn()
+            reused = conn.sock is not None
             conn.timeout = timeout or self.timeout
-            if conn.sock is not None:
+            if reused:
                 conn.sock.settimeout(conn.timeout)
             try:
                 conn.request(method, url, body=body, headers=self.headers)
@@ -118,15 +138,22 @@ class _Http:
                 break
             except (socket.timeout, TimeoutError) as exc:
                 self._drop()  # closing the connection makes vLLM abort the request in flight
-                raise SSRBackendTimeout(f"{self.base_url}{path}: no answer within {conn.timeout:g}s") from exc
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                raise SSRBackendTimeout(f"the vLLM server at {self.base_url} did not answer {method} {path} within "
+                                        f"the timeout of {conn.timeout:g} s (raise it with timeout=...)") from exc
+            except (ConnectionError, OSError, http.client.HTTPException) as exc:
                 self._drop()
-                if attempt == 0:  # a stale keep-alive connection: retry once on a fresh one
+                lost = isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError))
+                if lost and reused and stale_retry:
+                    stale_retry = False
                     continue
-                raise SSRBackendConnectionError(f"{self.base_url}{path}: connection lost ({exc})") from exc
-            except (ConnectionRefusedError, OSError, http.client.HTTPException) as exc:
-                self._drop()
-                raise SSRBackendConnectionError(f"cannot reach the vLLM server at {self.base_url}: {exc}") from exc
+                if retries < self.max_retries:
+                    time.sleep(min(self.RETRY_BACKOFF * 2 ** retries, 4.0))
+                    retries += 1
+                    continue
+                attempts = f" (after {retries + 1} attempts; max_retries={self.max_retries})"
+                what = f"{self.base_url}{path}: connection lost" if lost else \
+                    f"cannot reach the vLLM server at {self.base_url}"
+                raise SSRBackendConnectionError(f"{what} ({exc}){attempts}") from exc
         text = data.decode("utf-8", "replace")
         if status >= 400:
             message = text
@@ -161,19 +188,22 @@ class VLLMServerBackend:
 
     ``model_path``: a local copy of the model (for the tokenizer and config); ``base_url``: the server
     (``http://host:port`` or ``.../v1``); ``served_model``: the server's model id (default: the first it lists);
-    ``logprobs``: top-K scores per position (-1: all); ``timeout``: seconds per HTTP call.
+    ``logprobs``: top-K scores per position (-1: all); ``timeout``: seconds per HTTP call (a call that gets no
+    answer in time raises ``SSRBackendTimeout``); ``max_retries``: retries of a call that could not connect or lost
+    its connection; ``api_key``: the server's key (text or a ``SecretStr``; default: ``$VLLM_API_KEY``).
     """
 
     def __init__(self, model_path: str, model_name: str | None = None, *, base_url: str = "http://127.0.0.1:8000",
                  served_model: str | None = None, logprobs: int = 20, timeout: float = 120.0,
-                 api_key: str | None = None, prompt_logprobs_max_tokens: int = 256, **unused: Any) -> None:
+                 api_key: Any = None, max_retries: int = 2, prompt_logprobs_max_tokens: int = 256,
+                 **unused: Any) -> None:
         if unused:
             raise TypeError(f"vllm-server backend got unknown argument(s) {sorted(unused)}")
         if logprobs == 0 or logprobs < -1:
             raise ValueError(f"logprobs must be >= 1 or -1 (full vocabulary), got {logprobs}")
         from transformers import AutoConfig, AutoTokenizer
 
-        self.http = _Http(base_url, timeout, api_key or os.environ.get("VLLM_API_KEY"))
+        self.http = _Http(base_url, timeout, _secret(api_key) or os.environ.get("VLLM_API_KEY"), max_retries)
         self.model_path = model_path
         self.model_name = model_name or os.path.basename(os.path.normpath(model_path))
         self.logprobs = logprobs

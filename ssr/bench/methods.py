@@ -16,9 +16,10 @@ from typing import Any
 from ssr.config import SSRConfig
 
 PLAIN = "plain"
+BARE = "bare"  # the model's own chat template, no thinking: the reference for tool-use quality, not for speed
 PROMPT_LOOKUP = "prompt-lookup"
 VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
-METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup") + VLLM_PEERS
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS
 # peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
 REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS
 DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
@@ -33,6 +34,7 @@ DESCRIPTIONS = {
     "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals anywhere)",
     "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer",
     "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
+    "bare": "the model without SSR's thinking recipe (its own chat template, no thinking), plain decoding",
     "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
                      "max_new_tokens = plain's output length",
     "vllm": "plain vLLM decoding (LLM.generate, its own loop), same prompt ids, plain's output length",
@@ -52,7 +54,7 @@ def iterative_interval(base: SSRConfig) -> int:
 def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
     """The config of method ``name`` derived from ``base`` (None for the ``REPLAY`` peers, which bypass the
     engine)."""
-    if name == "plain":
+    if name in (PLAIN, BARE):
         return base.override(enabled=False)
     if name == "suffix":
         return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
@@ -140,13 +142,13 @@ def diverged_at_forced_text(plain_ids: list[int], at: int | None, forced: list[l
     return any(seq and plain_ids[at: at + len(seq)] == seq for seq in forced)
 
 
-def run_engine(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
+def run_engine(engine, item: dict[str, Any], config: SSRConfig, thinking: bool = True) -> Outcome:
     """One generation of ``item`` on the engine with ``config``; wall time measured around the whole call."""
     t0 = time.perf_counter()
     ttfa = None
     result = None
     for event in engine.stream(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"),
-                               config=config):
+                               config=config, thinking=thinking):
         if event.kind == "answer" and ttfa is None and event.text:
             ttfa = time.perf_counter() - t0
         elif event.kind == "done":

@@ -41,12 +41,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "longproc": dict(max_think_tokens=256, min_think_tokens=64, draft_start=32, max_tokens=1024,
                          max_draft_tokens=512),
         "bfcl": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
+        "bfcl-auto": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
     },
     # CI: a couple of items, tiny budgets; minutes on 2 CPU cores
     "smoke": {
         suite: dict(max_think_tokens=20, min_think_tokens=8, draft_start=4, max_tokens=48, max_draft_tokens=32,
                     max_suffix_tokens=8)
-        for suite in ("humaneval", "classeval", "longproc", "bfcl")
+        for suite in ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto")
     },
 }
 PRESET_N = {"default": None, "smoke": 1}
@@ -289,7 +290,7 @@ def _warmup(engine, item: dict[str, Any]) -> None:
         engine.generate(item["messages"], tools=item.get("tools"),
                         config=SSRConfig(enabled=True, max_think_tokens=4, draft_start=1, max_tokens=8))
         if item.get("tools"):
-            engine.token_texts()  # the tool-name guide's index
+            engine.grammars()  # the tokenizer's conversion for the call grammar
     except Exception:  # noqa: BLE001 - the real runs will report it
         pass
 
@@ -310,6 +311,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
             outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
         elif method in M.VLLM_PEERS:
             outcome = M.run_vllm_peer(peers.get(method), engine, item, max_tokens=len(plain["token_ids"]))
+        elif method == M.BARE:
+            outcome = M.run_engine(engine, item, cfg, thinking=False)
         elif item.get("tools") and importlib.util.find_spec("langchain_ssr") is not None:
             outcome = M.run_langchain_tools(engine, item, cfg)  # agents call tools through the adapter
         else:

@@ -10,6 +10,7 @@ Every scorer returns ``{"score": float in [0, 1], ...details}``.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
@@ -448,18 +449,22 @@ def bfcl_reference_calls(gold: list[dict[str, dict[str, list[Any]]]]) -> list[di
 
 
 def score_bfcl(item: dict[str, Any], tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """The single-call categories: exactly as many calls as gold entries (one), each matching its gold entry."""
+    """As many calls as gold entries, each gold entry matched by a different call in any order (BFCL's parallel
+    rule); no gold entry (the irrelevance categories) means the right answer calls nothing."""
     gold = item["ground_truth"]
     calls = list(tool_calls or [])
     if len(calls) != len(gold):
         return {"score": 0.0, "error": f"{len(calls)} tool call(s), expected {len(gold)}"}
     functions = {f["name"]: f for f in item.get("functions", [])}
-    for call, g in zip(calls, gold):
-        gold_name = next(iter(g))
-        ok, why = check_bfcl_call(call, g, functions.get(gold_name))
-        if not ok:
-            return {"score": 0.0, "error": why}
-    return {"score": 1.0}
+    why = ""
+    for order in itertools.permutations(range(len(calls))):
+        checks = [check_bfcl_call(calls[i], g, functions.get(next(iter(g)))) for i, g in zip(order, gold)]
+        if all(ok for ok, _ in checks):
+            return {"score": 1.0}
+        why = why or next(reason for ok, reason in checks if not ok)
+        if len(calls) > 4:  # BFCL's parallel items have at most a handful of calls; do not try 5! orders
+            break
+    return {"score": 0.0, "error": why}
 
 
 # ---------------------------------------------------------------------------------------------------- dispatch
@@ -475,7 +480,7 @@ def score_item(item: dict[str, Any], answer: str, tool_calls: list[dict[str, Any
             return score_classeval(item, answer)
         if suite == "longproc":
             return score_longproc(item, answer)
-        if suite == "bfcl":
+        if suite in ("bfcl", "bfcl-auto"):
             return score_bfcl(item, tool_calls or [])
     except Exception as exc:  # a scorer bug must not kill a long run
         return {"score": 0.0, "error": f"scorer failed: {type(exc).__name__}: {exc}"}

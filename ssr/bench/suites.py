@@ -23,14 +23,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-SUITES = ("humaneval", "classeval", "longproc", "bfcl")
+SUITES = ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto")
 
 # LongProc tasks whose metric is implemented here (see scoring.py). html_to_tsv is left out: its prompts hold whole
 # web pages (4k to 780k characters, far past what a CPU run can prefill) and its metric needs the original table
 # normalisation. pseudo_to_code needs g++ (it is skipped where g++ is missing).
 LONGPROC_TASKS = ("countdown", "path_traversal", "tom_tracking", "pseudo_to_code")
 
-BFCL_CATEGORIES = ("simple_python", "multiple", "live_simple")
+BFCL_CATEGORIES = ("simple_python", "multiple", "live_simple")  # one call each: the required-mode suite
+# tool_choice "auto": calling categories, multi-call ones, and ones where no bound tool fits (gold: no call)
+BFCL_AUTO_CATEGORIES = ("simple_python", "multiple", "parallel", "live_simple", "irrelevance", "live_irrelevance")
+BFCL_NO_CALL = ("irrelevance", "live_irrelevance")
 
 
 def default_data_dir() -> Path:
@@ -332,24 +335,30 @@ def _read_jsonl_resource(parts: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def load_bfcl(n: int | None = None, categories: tuple[str, ...] | list[str] | None = None,
-              data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """BFCL v4 single-call categories (simple_python, multiple, live_simple), interleaved by category.
+              data_dir: str | os.PathLike | None = None, tool_choice: str = "required") -> list[dict[str, Any]]:
+    """BFCL v4 items interleaved by category: with ``tool_choice="required"`` the single-call categories
+    (simple_python, multiple, live_simple); with ``"auto"`` also parallel calls and the irrelevance categories, where
+    the right answer is no call at all.
 
     ``data_dir`` (optional) is a folder holding ``BFCL_v4_<category>.json`` and ``possible_answer/`` in place of
     the package's data.
     """
+    if tool_choice not in ("required", "auto"):
+        raise ValueError(f"tool_choice for bfcl must be 'required' or 'auto', not {tool_choice!r}")
     per_cat = []
-    for cat in categories or BFCL_CATEGORIES:
+    for cat in categories or (BFCL_CATEGORIES if tool_choice == "required" else BFCL_AUTO_CATEGORIES):
         name = f"BFCL_v4_{cat}.json"
         if data_dir is not None:
             base = Path(data_dir)
             rows = [json.loads(x) for x in (base / name).read_text(encoding="utf-8").splitlines() if x.strip()]
-            gold = [json.loads(x) for x in (base / "possible_answer" / name).read_text(encoding="utf-8").splitlines()
-                    if x.strip()]
+            gold = [] if cat in BFCL_NO_CALL else [
+                json.loads(x) for x in (base / "possible_answer" / name).read_text(encoding="utf-8").splitlines()
+                if x.strip()]
         else:
             rows = _read_jsonl_resource(("data", name))
-            gold = _read_jsonl_resource(("data", "possible_answer", name))
-        gold_by_id = {g["id"]: g["ground_truth"] for g in gold}
+            gold = [] if cat in BFCL_NO_CALL else _read_jsonl_resource(("data", "possible_answer", name))
+        gold_by_id = {row["id"]: [] for row in rows} if cat in BFCL_NO_CALL else {g["id"]: g["ground_truth"]
+                                                                                 for g in gold}
         items = []
         for row in rows:
             if row["id"] not in gold_by_id:
@@ -359,14 +368,13 @@ def load_bfcl(n: int | None = None, categories: tuple[str, ...] | list[str] | No
             functions = row["function"]
             items.append({
                 "id": f"bfcl/{row['id']}",
-                "suite": "bfcl",
+                "suite": "bfcl" if tool_choice == "required" else "bfcl-auto",
                 "category": cat,
                 "messages": messages,
                 "tools": [bfcl_tool(f) for f in functions],
-                # every item of these categories expects exactly one call: require one (the engine adds a
-                # one-line instruction), so that the score measures the arguments, not whether a small model
-                # remembers to call at all; every method gets the same prompt
-                "tool_choice": "required",
+                # required: every item of those categories expects exactly one call, so the score measures the
+                # arguments, not whether a small model remembers to call; auto: what agent frameworks send
+                "tool_choice": tool_choice,
                 "functions": functions,
                 "ground_truth": gold_by_id[row["id"]],
             })
@@ -392,4 +400,6 @@ def load_suite(name: str, n: int | None = None, data_dir: str | os.PathLike | No
         return load_longproc(n, data_dir=data_dir)
     if name == "bfcl":
         return load_bfcl(n)
+    if name == "bfcl-auto":  # the same data with tool_choice "auto", no-call categories included
+        return load_bfcl(n, tool_choice="auto")
     raise ValueError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")

@@ -5,6 +5,9 @@ default model, but its "model" always predicts a fixed continuation: the given c
 close text, the given answer, then end-of-sequence. Draft lanes (forked mid-thought, close text appended) predict
 the same answer, so drafting, verification, suffix proposals, streaming and tool-call parsing all run for real and
 the text that comes out is known in advance.
+
+With ``reuse_prefix=True`` the backend keeps the last request's lane, as the transformers backend does, so the next
+request of a conversation starts from the longest common prefix (``stats["reused_prompt_tokens"]``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from ssr.costs import CostTable
 
 
 class ScriptedBackend:
-    def __init__(self, tokenizer, close_text: str, model_name: str = "scripted") -> None:
+    def __init__(self, tokenizer, close_text: str, model_name: str = "scripted", reuse_prefix: bool = False) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.vocab_size = len(tokenizer)
@@ -30,10 +33,13 @@ class ScriptedBackend:
         self.prompts: list[list[int]] = []  # every prompt prefilled (for assertions on what the adapter sent)
         self._lanes: dict[int, list[int]] = {}
         self._next = 0
+        self.reuse_prefix = reuse_prefix
+        self._parked: int | None = None
 
-    def set_script(self, reasoning: str, answer: str) -> None:
+    def set_script(self, reasoning: str, answer: str, thinking: bool = True) -> None:
+        """``thinking=False``: the script is the answer alone (a request made with ``thinking=False``)."""
         self.answer = answer
-        self.script = reasoning + self.close_text + answer
+        self.script = reasoning + self.close_text + answer if thinking else answer
 
     # -- the "model" -----------------------------------------------------------------------------------------------
     def _next_token(self, seq: list[int]) -> int:
@@ -54,14 +60,33 @@ class ScriptedBackend:
 
     # -- the lane protocol -----------------------------------------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A new request's lane; this backend reuses no cached prefix, so the lane starts empty."""
+        """A new request's lane: empty, or (``reuse_prefix``) the last request's lane cut to the longest prefix it
+        shares with ``prefix``, the new prompt."""
+        self.prompt_len = None  # learnt from the first feed: the prompt
+        if prefix is not None and self.reuse_prefix:
+            self.prompt_len = len(prefix)
+            self.prompts.append(list(prefix))
+        parked, self._parked = self._parked, None
+        if parked is not None and prefix:
+            held = self._lanes[parked]
+            common = 0
+            while common < min(len(held), len(prefix)) and held[common] == prefix[common]:
+                common += 1
+            if common:
+                del held[common:]
+                return parked
+        self.release_all()
         self._next += 1
         self._lanes[self._next] = []
-        self.prompt_len = None  # learnt from the first feed: the prompt
         return self._next
 
     def park(self, lane: int) -> None:
-        self.release_all()
+        if not self.reuse_prefix:
+            self.release_all()
+            return
+        for other in [i for i in self._lanes if i != lane]:
+            self.release(other)
+        self._parked = lane
 
     def fork(self, parent: int) -> int:
         self._next += 1
@@ -91,16 +116,19 @@ class ScriptedBackend:
 
     def release(self, lane: int) -> None:
         self._lanes.pop(lane, None)
+        if lane == self._parked:
+            self._parked = None
 
     def release_all(self) -> None:
         self._lanes.clear()
+        self._parked = None
 
 
-def scripted_engine(tokenizer, config=None) -> SSREngine:
+def scripted_engine(tokenizer, config=None, reuse_prefix: bool = False) -> SSREngine:
     """An SSREngine whose backend replays ``engine.backend.set_script(reasoning, answer)``."""
     from ssr.chat import detect_family
 
     family = detect_family(tokenizer, None)
-    backend = ScriptedBackend(tokenizer, family.close_text)
+    backend = ScriptedBackend(tokenizer, family.close_text, reuse_prefix=reuse_prefix)
     # a scripted backend has no costs to measure: price every step alike, so every proposal and draft is taken
     return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted", costs=CostTable.flat())

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -23,13 +21,14 @@ from llama_index.llms.ssr import SSR
 from llama_index.llms.ssr.utils import (
     StreamAccumulator,
     resolve_tool_choice,
-    split_streamed_answer,
     to_engine_messages,
     tool_selections_from_message,
 )
 from ssr import SSRConfig
-from ssr.chat import parse_tool_calls
+from ssr.chat import ToolCallParse, parse_tool_calls
+from ssr.engine import _events
 from ssr.result import GenerationResult, StreamEvent
+from ssr.toolstream import ToolCallStream
 
 # ------------------------------------------------------------------------------------------------ scripted engine
 
@@ -70,12 +69,19 @@ class FakeEngine:
         return self._result(prompt, kwargs)
 
     def stream(self, prompt, **kwargs):
+        """As the engine streams: with tools bound, the answer goes through the engine's own tool-call stream."""
+        tools = kwargs.get("tools")
+        calls = ToolCallStream(tools) if tools else None
         try:
             for text in self._pieces(self.reasoning):
                 yield StreamEvent("reasoning", text)
             for text in self._pieces(self.answer):
-                yield StreamEvent("answer", text)
-            yield StreamEvent("done", result=self._result(prompt, kwargs))
+                yield from _events(calls.feed(text)) if calls else [StreamEvent("answer", text)]
+            result = self._result(prompt, kwargs)
+            if calls:
+                parsed = ToolCallParse(result.content, result.tool_calls, result.invalid_tool_calls)
+                yield from _events(calls.finish(parsed))
+            yield StreamEvent("done", result=result)
         finally:
             self.closed = True
 
@@ -101,58 +107,6 @@ def user(text: str) -> list[ChatMessage]:
 
 
 # ------------------------------------------------------------------------------------------------ pure functions
-
-
-def test_split_plain_text_and_held_back_tag():
-    assert split_streamed_answer("Hello") == ("Hello", [])
-    assert split_streamed_answer("Hello <tool") == ("Hello ", [])  # may become <tool_call>
-    assert split_streamed_answer("a < b") == ("a < b", [])
-
-
-def test_split_partial_and_complete_calls():
-    assert split_streamed_answer('<tool_call>\n{"name": "mult') == ("", [])  # name not finished: no call yet
-    content, calls = split_streamed_answer('Sure.<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b"')
-    assert content == "Sure."
-    assert calls == [{"id": None, "name": "multiply", "arguments": {"a": 6}}]  # dangling key dropped
-    content, calls = split_streamed_answer(TOOL_ANSWER + "\nDone" + TOOL_ANSWER.replace("6", "2"))
-    assert content.strip() == "Done"
-    assert [c["arguments"] for c in calls] == [{"a": 6, "b": 7}, {"a": 2, "b": 7}]
-
-
-def test_split_string_arguments_and_garbage():
-    _, calls = split_streamed_answer('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
-    assert calls[0]["arguments"] == {"x": 1}
-    assert split_streamed_answer("<tool_call>not json</tool_call>after") == ("after", [])
-
-
-def test_split_fenced_and_bare_calls_when_tools_are_bound():
-    fenced = 'Here:\n```json\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n```\nDone.'
-    # text after a call arrives with the final response (the engine's content: "Here:\n\nDone.")
-    assert split_streamed_answer(fenced) == ("Here:\n", [{"id": None, "name": "multiply", "arguments": {"a": 2, "b": 3}}])
-    assert split_streamed_answer('Here:\n```js') == ("Here:\n", [])  # "js" may still become "json"
-    assert split_streamed_answer('```json\n{"name": "multiply", "arguments": {"a"') == (
-        "", [{"id": None, "name": "multiply", "arguments": {}}])
-    code = "```python\nprint(1)\n```"
-    assert split_streamed_answer(code) == (code, [])
-    assert split_streamed_answer('```json\n{"a": 1}\n```') == ('```json\n{"a": 1}\n```', [])  # JSON, no call
-    assert split_streamed_answer('{"name": "multiply", "arguments": {"a": 1') == (
-        "", [{"id": None, "name": "multiply", "arguments": {"a": 1}}])
-    # without bound tools the engine parses no calls, so nothing is hidden
-    assert split_streamed_answer(TOOL_ANSWER, tools_bound=False) == (TOOL_ANSWER, [])
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["Hi ", "<", "tool", "_call>", "<tool_call>", '{"name": "f", ', '"arguments": {"x": 1}}',
-                                 "</tool_call>", "</", "text", "\n", "}", "`", "```", "json", "python", "{"]),
-                max_size=14))
-def test_split_visible_text_only_grows(pieces):
-    text, previous = "", ""
-    for piece in pieces:
-        text += piece
-        visible = split_streamed_answer(text)[0].strip()  # the stream strips, as the engine's final text is
-        assert visible.startswith(previous), (text, previous, visible)
-        previous = visible
-    assert "<tool_call>" not in previous
 
 
 def test_tool_selections_from_blocks_and_additional_kwargs():
@@ -222,7 +176,7 @@ def test_to_engine_messages_rejects_images():
 
 def test_stream_accumulator_keeps_reasoning_out_of_text():
     engine = FakeEngine(answer="Sure. " + TOOL_ANSWER, piece=5)
-    acc = StreamAccumulator(tools_bound=True)
+    acc = StreamAccumulator()
     chunks = [c for c in (acc.feed(e) for e in engine.stream("q", tools=[MULTIPLY.metadata.to_openai_tool()])) if c]
     thinking = "".join(c.additional_kwargs["thinking_delta"] for c in chunks)
     assert thinking == engine.reasoning

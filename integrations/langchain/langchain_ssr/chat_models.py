@@ -10,6 +10,8 @@ passes tools and sampling settings to the engine, and turns the engine's results
 from __future__ import annotations
 
 import asyncio
+import difflib
+import hashlib
 import json
 import re
 import threading
@@ -42,18 +44,30 @@ from langchain_core.output_parsers import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
+from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from ssr import SSRConfig
+from ssr.settings import REASONING_EFFORT_BUDGETS, normalise_settings
+
+try:
+    from langchain_core.language_models.model_profile import ModelProfile
+except ImportError:  # pragma: no cover - langchain-core < 1.1 has no model profiles
+    ModelProfile = dict  # type: ignore[misc,assignment]
 
 PROVIDER = "ssr"
 
-# Markup after which streamed answer text may belong to a tool call (what ``ssr.chat.parse_tool_calls`` reads:
-# Hermes/Qwen tags, a fenced JSON call, or a bare JSON object as the whole answer). While tools are bound, the
-# answer is streamed up to the first of these; the rest follows, markup removed, when the engine has parsed it.
-_TOOL_MARKERS = ("<tool_call>", "```")
+API_KEY_ENV = "SSR_API_KEY"
+"""The environment variable ``ChatSSR.api_key`` is read from (the ``vllm-server`` backend's key)."""
+
+
+# the backends that talk to a server: ``api_key``, ``timeout`` and ``max_retries`` are theirs
+_SERVER_BACKENDS = frozenset({"vllm-server"})
+
+# names users type for the most tokens to generate (OpenAI: max_tokens / max_completion_tokens, Ollama: num_predict)
+_MAX_TOKENS_ALIASES = ("max_tokens", "max_completion_tokens", "num_predict")
 
 # kwargs that LangChain helpers pass to any chat model and that mean nothing here
 _IGNORED_KWARGS = frozenset({"parallel_tool_calls", "strict", "stream", "ls_structured_output_format",
@@ -66,6 +80,84 @@ _SKIPPED_BLOCKS = frozenset({"reasoning", "thinking", "redacted_thinking", "tool
                              "server_tool_result", "function_call"})
 
 _engine_lock = threading.Lock()
+
+# the model's tokenizer and config, loaded without weights once per model for token counting and the profile
+_tokenizers: dict[str, tuple[Any, Any]] = {}
+_configs: dict[str, Any] = {}
+_model_files_lock = threading.RLock()
+
+
+class _ApiKey(str):
+    """The API key as text for the backend, with a ``repr`` that shows only a digest: the engine registry keys
+    engines by ``repr`` of their backend arguments, so different keys stay different engines and no key is shown."""
+
+    def __repr__(self) -> str:
+        return f"<api key sha256:{hashlib.sha256(self.encode()).hexdigest()[:12]}>"
+
+
+def _model_dir(model: str | None) -> str | None:
+    """The model's local directory (or cached hub name) if it is there now; the embedded default is not built."""
+    from ssr.models import EMBEDDED_MODELS, cache_dir, canonical_name, resolve_model
+
+    name = canonical_name(model)
+    if name in EMBEDDED_MODELS:
+        target = cache_dir() / name
+        return str(target) if (target / "config.json").exists() else None
+    try:
+        return resolve_model(model)
+    except ValueError:
+        return None
+
+
+def _model_config(model: str | None) -> Any:
+    """The model's transformers config (``AutoConfig``, offline; no weights), or None if it is not on disk yet."""
+    path = _model_dir(model)
+    if path is None:
+        return None
+    with _model_files_lock:
+        if path not in _configs:
+            from transformers import AutoConfig
+
+            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
+        return _configs[path]
+
+
+def _context_window(config: Any) -> int | None:
+    """The context window a model config declares (``max_position_embeddings``, of the text model if nested)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def _model_tokenizer(model: str | None) -> tuple[Any, Any]:
+    """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them."""
+    key = _canonical_name(model)
+    with _model_files_lock:
+        if key not in _tokenizers:
+            from ssr.chat import detect_family
+            from ssr.models import load_tokenizer
+
+            tokenizer = load_tokenizer(model)  # the embedded default is converted first if it never was
+            config = _model_config(model)
+            _tokenizers[key] = (tokenizer, detect_family(tokenizer, getattr(config, "model_type", None)))
+        return _tokenizers[key]
+
+
+def _accepted_arguments(cls: type) -> frozenset[str]:
+    names = set(cls.model_fields) | set(_MAX_TOKENS_ALIASES)
+    names |= {f.alias for f in cls.model_fields.values() if f.alias}
+    return frozenset(names)
+
+
+def _unknown_arguments_message(cls: type, unknown: list[str], accepted: frozenset[str]) -> str:
+    own = sorted(n for n in accepted if n not in BaseChatModel.model_fields)
+    hints = [f"{close[0]!r} for {name!r}" for name in unknown
+             if (close := difflib.get_close_matches(name, accepted, n=1))]
+    return (f"{cls.__name__} got unknown argument(s) {unknown}" + (f" (did you mean {', '.join(hints)}?)" if hints
+                                                                    else "")
+            + f". It accepts: {', '.join(own)}; and LangChain's {', '.join(sorted(BaseChatModel.model_fields))}. "
+            "Backend options (base_url, dtype, device, ...) go in backend_kwargs={...}, SSR's decoding settings in "
+            "ssr_config=SSRConfig(...).")
 
 
 class ChatSSR(BaseChatModel):
@@ -127,6 +219,21 @@ class ChatSSR(BaseChatModel):
         llm.with_structured_output(Person).invoke("Alice is 30.")          # via a forced tool call
         llm.with_structured_output(Person, method="json_schema").invoke(...)  # via a JSON answer
         ```
+
+    Reasoning: ``reasoning=False`` answers without thinking (the model's own chat template, no chain of thought);
+    ``reasoning_effort`` sets the thinking budget (``"low"``: 128, ``"medium"``: 512, ``"high"``: 2048 tokens of
+    ``SSRConfig.max_think_tokens``). Both also work per call: ``llm.invoke(..., reasoning=False)``.
+
+    Token counting (the model's own tokenizer; no weights are loaded, nothing is downloaded):
+        ```python
+        llm.get_num_tokens("some text")
+        llm.get_num_tokens_from_messages(messages, tools=[get_weather])   # == usage_metadata["input_tokens"]
+        llm.profile["max_input_tokens"]                                    # the model's context window
+        ```
+
+    Server backend (``backend="vllm-server"``): ``api_key`` (default: ``$SSR_API_KEY``; a ``SecretStr``, never shown
+    or serialised), ``timeout`` (seconds per HTTP call) and ``max_retries`` (on connection errors) go to the backend;
+    ``backend_kwargs={"base_url": ...}`` names the server.
     """
 
     model: str | None = None
@@ -147,8 +254,9 @@ class ChatSSR(BaseChatModel):
     temperature: float | None = None
     """Sampling temperature; 0 is greedy. Overrides ``ssr_config.temperature`` when set."""
 
-    max_tokens: int | None = None
-    """Most tokens to generate (thinking and answer together). Overrides ``ssr_config.max_tokens`` when set."""
+    max_tokens: int | None = Field(default=None, gt=0, validation_alias=AliasChoices(*_MAX_TOKENS_ALIASES))
+    """Most tokens to generate (thinking and answer together). Overrides ``ssr_config.max_tokens`` when set.
+    Also accepted as ``max_completion_tokens`` (OpenAI) and ``num_predict`` (Ollama)."""
 
     top_p: float | None = None
     """Nucleus sampling mass. Overrides ``ssr_config.top_p`` when set."""
@@ -165,12 +273,69 @@ class ChatSSR(BaseChatModel):
     streaming: bool = False
     """Whether ``invoke`` should stream internally (so callbacks see tokens as they arrive)."""
 
+    reasoning: bool | None = None
+    """``False``: answer without thinking (the model's own chat template; no reasoning in the output). ``True``:
+    think first, the chain of thought in ``additional_kwargs["reasoning_content"]``. ``None``: the engine's default
+    (think first)."""
+
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """The thinking budget by name: ``"low"`` = 128, ``"medium"`` = 512, ``"high"`` = 2048 thinking tokens
+    (``SSRConfig.max_think_tokens``, replacing ``ssr_config``'s). ``max_tokens`` still caps thinking and answer
+    together: raise it with ``"high"``. ``None``: ``ssr_config``'s budget."""
+
+    api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None))
+    """API key of the ``vllm-server`` backend's server (default: ``$SSR_API_KEY``; the backend then falls back to
+    ``$VLLM_API_KEY``). Held as a ``SecretStr``: hidden in ``repr`` and replaced by its variable name in ``dumpd``."""
+
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds the ``vllm-server`` backend waits for each HTTP call before raising ``SSRBackendTimeout`` (``None``:
+    the backend's 120 s). In-process backends have no requests to time out and ignore it."""
+
+    max_retries: int | None = Field(default=None, ge=0)
+    """Retries of a ``vllm-server`` HTTP call that could not connect or lost its connection (``None``: the
+    backend's 2). Timeouts are not retried. In-process backends ignore it."""
+
     engine: Any | None = Field(default=None, exclude=True)
     """An already built ``ssr.SSREngine`` to use instead of ``ssr.get_engine(model, backend)``."""
 
     _loaded: Any = PrivateAttr(default=None)
 
-    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True, extra="forbid")
+
+    # -- construction ----------------------------------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_ssr_arguments(cls, values: Any) -> Any:
+        """Unknown arguments are an error (naming the accepted ones); ``max_tokens``' aliases become ``max_tokens``;
+        an ``api_key`` in ``backend_kwargs`` moves to the ``api_key`` field (so it is kept secret)."""
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        accepted = _accepted_arguments(cls)
+        unknown = sorted(k for k in values if k not in accepted)
+        if unknown:
+            raise TypeError(_unknown_arguments_message(cls, unknown, accepted))
+        return normalise_settings("ChatSSR", values, _MAX_TOKENS_ALIASES)
+
+    # -- serialisation ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """``dumpd`` / ``load`` round-trip it (``load(..., valid_namespaces=["langchain_ssr"])``); an ``engine``
+        object is not serialised, the API key travels as its environment variable's name."""
+        return True
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": API_KEY_ENV}
+
+    def to_json(self) -> Any:
+        data = super().to_json()
+        kwargs = data.get("kwargs") if isinstance(data, dict) else None
+        if isinstance(kwargs, dict) and isinstance(kwargs.get("ssr_config"), SSRConfig):
+            kwargs["ssr_config"] = kwargs["ssr_config"].to_dict()  # a plain dict; ChatSSR(ssr_config={...}) reads it
+        return data
 
     # -- identity --------------------------------------------------------------------------------------------------
 
@@ -197,6 +362,8 @@ class ChatSSR(BaseChatModel):
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": self.stop,
+            "reasoning": self.reasoning,
+            "reasoning_effort": self.reasoning_effort,
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -220,12 +387,24 @@ class ChatSSR(BaseChatModel):
 
     # -- engine ----------------------------------------------------------------------------------------------------
 
+    def _backend_kwargs(self) -> dict[str, Any]:
+        """``backend_kwargs`` plus, for a server backend, the API key, timeout and retries."""
+        kwargs = dict(self.backend_kwargs or {})
+        if self.backend in _SERVER_BACKENDS:
+            if self.api_key is not None and self.api_key.get_secret_value():
+                kwargs.setdefault("api_key", _ApiKey(self.api_key.get_secret_value()))
+            if self.timeout is not None:
+                kwargs.setdefault("timeout", self.timeout)
+            if self.max_retries is not None:
+                kwargs.setdefault("max_retries", self.max_retries)
+        return kwargs
+
     def _get_engine(self, model: str | None = None) -> Any:
         """The engine for this model (loaded on first use; ``model`` overrides the configured model)."""
         if model is not None and model != self.model:
             import ssr
 
-            return ssr.get_engine(model, self.backend, **(self.backend_kwargs or {}))
+            return ssr.get_engine(model, self.backend, **self._backend_kwargs())
         if self.engine is not None:
             return self.engine
         if self._loaded is None:
@@ -233,7 +412,7 @@ class ChatSSR(BaseChatModel):
 
             with _engine_lock:
                 if self._loaded is None:
-                    self._loaded = ssr.get_engine(self.model, self.backend, **(self.backend_kwargs or {}))
+                    self._loaded = ssr.get_engine(self.model, self.backend, **self._backend_kwargs())
         return self._loaded
 
     async def _aget_engine(self, model: str | None = None) -> Any:
@@ -245,8 +424,8 @@ class ChatSSR(BaseChatModel):
         return await asyncio.to_thread(self._get_engine, model)
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None,
-                 kwargs: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], dict[str, Any]]:
-        """(model override, engine messages, engine call kwargs) for one call."""
+                 kwargs: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], dict[str, Any], str | None]:
+        """(model override, engine messages, engine call kwargs, reasoning effort) for one call."""
         kwargs = dict(kwargs)
         model = kwargs.pop("model", None)
         config = kwargs.pop("ssr_config", None) or self.ssr_config
@@ -254,12 +433,22 @@ class ChatSSR(BaseChatModel):
         tool_choice = kwargs.pop("tool_choice", None)
         response_format = kwargs.pop("response_format", None)
         call: dict[str, Any] = {"config": config}
+        for alias in _MAX_TOKENS_ALIASES[1:]:  # per call too: max_completion_tokens / num_predict are max_tokens
+            if kwargs.get(alias) is not None and kwargs.get("max_tokens") is None:
+                kwargs["max_tokens"] = kwargs[alias]
+            kwargs.pop(alias, None)
         for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
             value = kwargs.pop(name, None)
             call[name] = value if value is not None else getattr(self, name)
         stop = stop if stop is not None else kwargs.get("stop")
         kwargs.pop("stop", None)
         call["stop"] = list(stop) if stop is not None else self.stop
+        reasoning = kwargs.pop("reasoning", None)
+        if (reasoning if reasoning is not None else self.reasoning) is not None:
+            call["thinking"] = reasoning if reasoning is not None else self.reasoning
+        effort = kwargs.pop("reasoning_effort", None) or self.reasoning_effort
+        if effort is not None and effort not in REASONING_EFFORT_BUDGETS:
+            raise ValueError(f"reasoning_effort must be one of {sorted(REASONING_EFFORT_BUDGETS)}, got {effort!r}")
         unknown = set(kwargs) - _IGNORED_KWARGS
         if unknown:
             warnings.warn(f"ChatSSR ignores unsupported argument(s) {sorted(unknown)}", stacklevel=4)
@@ -268,30 +457,42 @@ class ChatSSR(BaseChatModel):
             if tool_choice is not None:
                 call["tool_choice"] = _tool_choice(tool_choice, call["tools"])
         engine_messages = convert_messages(messages)
-        if response_format:
+        if response_format:  # the schema in words, for the model; the engine's grammar makes the answer follow it
             _add_instruction(engine_messages, _format_instruction(response_format))
-        return model, engine_messages, {k: v for k, v in call.items() if v is not None}
+            call["response_format"] = response_format
+        return model, engine_messages, {k: v for k, v in call.items() if v is not None}, effort
+
+    @staticmethod
+    def _with_effort(call: dict[str, Any], effort: str | None, engine: Any) -> dict[str, Any]:
+        """``reasoning_effort`` as a config override: the thinking budget replaced, everything else kept."""
+        if effort is None or call.get("thinking") is False:
+            return call
+        budget = REASONING_EFFORT_BUDGETS[effort]
+        base = call.get("config") or engine.config
+        config = base.override(max_think_tokens=budget, min_think_tokens=min(base.min_think_tokens, budget))
+        return {**call, "config": config}
 
     # -- generation ------------------------------------------------------------------------------------------------
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        model, prompt, call = self._request(messages, stop, kwargs)
+        model, prompt, call, effort = self._request(messages, stop, kwargs)
         engine = self._get_engine(model)
-        return _chat_result(engine.generate(prompt, **call), engine.model_name)
+        return _chat_result(engine.generate(prompt, **self._with_effort(call, effort, engine)), engine.model_name)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        model, prompt, call = self._request(messages, stop, kwargs)
+        model, prompt, call, effort = self._request(messages, stop, kwargs)
         engine = await self._aget_engine(model)
-        return _chat_result(await engine.agenerate(prompt, **call), engine.model_name)
+        result = await engine.agenerate(prompt, **self._with_effort(call, effort, engine))
+        return _chat_result(result, engine.model_name)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        model, prompt, call = self._request(messages, stop, kwargs)
+        model, prompt, call, effort = self._request(messages, stop, kwargs)
         engine = self._get_engine(model)
-        assembler = _StreamAssembler(tools_bound=bool(call.get("tools")), model_name=engine.model_name)
-        events = engine.stream(prompt, **call)
+        assembler = _StreamAssembler(model_name=engine.model_name)
+        events = engine.stream(prompt, **self._with_effort(call, effort, engine))
         try:
             for event in events:
                 yield from assembler.feed(event)
@@ -303,10 +504,10 @@ class ChatSSR(BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        model, prompt, call = self._request(messages, stop, kwargs)
+        model, prompt, call, effort = self._request(messages, stop, kwargs)
         engine = await self._aget_engine(model)
-        assembler = _StreamAssembler(tools_bound=bool(call.get("tools")), model_name=engine.model_name)
-        events = engine.astream(prompt, **call)
+        assembler = _StreamAssembler(model_name=engine.model_name)
+        events = engine.astream(prompt, **self._with_effort(call, effort, engine))
         try:
             async for event in events:
                 for chunk in assembler.feed(event):
@@ -315,6 +516,77 @@ class ChatSSR(BaseChatModel):
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()  # cancels the request and frees its lanes
+
+    # -- token counting and the model profile (the tokenizer and config alone: no weights) ------------------------
+
+    def _tokenizer_and_family(self) -> tuple[Any, Any]:
+        """The loaded engine's tokenizer and chat family, else the model's tokenizer alone (cached per model)."""
+        engine = self.engine if self.engine is not None else self._loaded
+        if engine is not None:
+            return engine.tokenizer, engine.family
+        return _model_tokenizer(self.model)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's token ids for ``text`` (no special tokens added; offline, no weights loaded)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        tokenizer, _ = self._tokenizer_and_family()
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None, *,
+                                     tool_choice: dict | str | bool | None = None) -> int:
+        """The prompt length the engine will prefill for ``messages``: the exact chat template it renders, with
+        SSR's thinking setup (or without it, with ``reasoning=False``), ``tools`` and ``tool_choice`` (whose
+        instruction and demonstration change the prompt). Equals ``usage_metadata["input_tokens"]`` of the call."""
+        if not isinstance(messages, list):
+            messages = self._convert_input(messages).to_messages()
+        if not messages:
+            return 0
+        tokenizer, family = self._tokenizer_and_family()
+        from ssr.chat import encode_prompt
+
+        openai_tools = [convert_to_openai_tool(t) for t in tools] if tools else None
+        choice = _tool_choice(tool_choice, openai_tools) if openai_tools and tool_choice not in (None, False) else None
+        extra = {"thinking": self.reasoning} if self.reasoning is not None else {}
+        return len(encode_prompt(tokenizer, family, convert_messages(messages), openai_tools, choice, **extra))
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the model can do, from its config (no weights): context window, output budget, reasoning, tools."""
+        engine = self.engine
+        if engine is not None:
+            context_window = engine.context_window
+        else:
+            config = _model_config(self.model)
+            context_window = _context_window(config) if config is not None else None
+        base = self.ssr_config or (engine.config if engine is not None else SSRConfig())
+        profile = ModelProfile(
+            name=self.model_name,
+            open_weights=True,
+            text_inputs=True,
+            image_inputs=False,
+            image_url_inputs=False,
+            pdf_inputs=False,
+            audio_inputs=False,
+            video_inputs=False,
+            image_tool_message=False,
+            pdf_tool_message=False,
+            max_output_tokens=self.max_tokens or base.max_tokens,
+            reasoning_output=True,
+            reasoning_effort_levels=list(REASONING_EFFORT_BUDGETS),
+            reasoning_effort_default="medium",  # SSRConfig's default thinking budget, 512 tokens
+            text_outputs=True,
+            image_outputs=False,
+            audio_outputs=False,
+            video_outputs=False,
+            tool_calling=True,
+            tool_choice=True,
+            tool_call_streaming=True,
+            structured_output=True,  # grammar-constrained: json_schema / json_mode answers and forced tool calls
+            temperature=True,
+        )
+        if context_window:
+            profile["max_input_tokens"] = int(context_window)
+        return profile
 
     # -- tools and structured output -------------------------------------------------------------------------------
 
@@ -348,9 +620,9 @@ class ChatSSR(BaseChatModel):
         """Answers parsed into ``schema`` (a pydantic class, TypedDict or JSON schema).
 
         ``method="function_calling"`` forces a call to a tool shaped like the schema; ``"json_schema"`` asks (in the
-        last user turn) for a JSON answer that follows the schema; ``"json_mode"`` asks for a JSON answer and leaves
-        the keys to the prompt. No constrained decoding is done: the model writes the JSON, and ``strict`` is only
-        passed on to the tool schema.
+        last user turn) for a JSON answer that follows the schema; ``"json_mode"`` asks for a JSON object and leaves
+        the keys to the prompt. The answer is grammar-constrained in every method (the engine's ``ssr.grammar``):
+        the call's or the answer's JSON always parses and follows the schema, unless the token budget cuts it off.
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
@@ -485,13 +757,18 @@ def _tool_choice(choice: dict | str | bool, tools: list[dict[str, Any]]) -> str:
 
 
 def _usage(res: Any) -> UsageMetadata:
+    """Token counts; ``cache_read``: prompt tokens whose KV cache came from the previous request of the
+    conversation (``stats["reused_prompt_tokens"]``), ``reasoning``: thinking tokens."""
     output = len(res.token_ids)
-    return UsageMetadata(
+    usage = UsageMetadata(
         input_tokens=res.prompt_tokens,
         output_tokens=output,
         total_tokens=res.prompt_tokens + output,
         output_token_details={"reasoning": int(res.stats.get("think_tokens", 0))},
     )
+    if "reused_prompt_tokens" in res.stats:
+        usage["input_token_details"] = {"cache_read": int(res.stats["reused_prompt_tokens"])}
+    return usage
 
 
 def _response_metadata(res: Any, model_name: str) -> dict[str, Any]:
@@ -519,21 +796,22 @@ def _chat_result(res: Any, model_name: str) -> ChatResult:
 class _StreamAssembler:
     """Engine stream events -> ``ChatGenerationChunk``s whose sum equals the ``invoke`` message.
 
-    Reasoning deltas become chunks with ``additional_kwargs["reasoning_content"]``; answer deltas become text
-    chunks (while tools are bound, text that could be tool-call markup is held back until the engine has parsed
-    it). The ``done`` event adds the remaining text, one ``tool_call_chunk`` per tool call, and a last chunk with
-    usage and response metadata. Tool-call chunk indices start after the reasoning and text blocks, so the
-    ``index``-keyed merging of v1 content blocks never folds a tool call into them.
+    Reasoning deltas become chunks with ``additional_kwargs["reasoning_content"]``; answer deltas (with tools
+    bound, the engine sends only the text outside tool calls) become text chunks; the engine's tool-call deltas
+    become ``tool_call_chunks`` as they arrive (id and name first, then argument fragments). The ``done`` event
+    adds any remaining text, calls the stream never carried, and a last chunk with usage and response metadata.
+    Tool-call chunk indices start after the reasoning and text blocks, so the ``index``-keyed merging of v1
+    content blocks never folds a tool call into them.
     """
 
-    def __init__(self, tools_bound: bool, model_name: str) -> None:
-        self.tools_bound = tools_bound
+    def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.reasoning = ""  # reasoning emitted
-        self.answer = ""  # raw answer received
         self.text = ""  # answer text emitted
         self.blocks = 0  # runs of block types emitted so far (reasoning, text)
         self.last_kind: str | None = None
+        self.call_index: dict[int, int] = {}  # the engine's call index -> this message's chunk index
+        self.streamed_ids: set[str] = set()
 
     def _chunk(self, kind: str, text: str) -> ChatGenerationChunk:
         if kind != self.last_kind:
@@ -548,34 +826,24 @@ class _StreamAssembler:
             message = AIMessageChunk(content=text, response_metadata={"model_provider": PROVIDER})
         return ChatGenerationChunk(message=message)
 
-    def _safe_text(self) -> str:
-        """The longest prefix of the answer that cannot turn out to be tool-call markup."""
-        if not self.tools_bound:
-            return self.answer
-        text = self.answer.lstrip()
-        if text.startswith("{"):
-            return ""  # the whole answer may be one bare JSON tool call
-        cut = len(text)
-        for marker in _TOOL_MARKERS:
-            at = text.find(marker)
-            if at >= 0:
-                cut = min(cut, at)
-                continue
-            for k in range(len(marker) - 1, 0, -1):  # a marker may be arriving: hold its first characters
-                if text.endswith(marker[:k]):
-                    cut = min(cut, len(text) - k)
-                    break
-        return text[:cut].rstrip()  # parse_tool_calls strips the content
+    def _call_chunk(self, call_id: str | None, name: str | None, args: str | None, index: int) -> ChatGenerationChunk:
+        return ChatGenerationChunk(message=AIMessageChunk(
+            content="", tool_call_chunks=[tool_call_chunk(name=name, args=args, id=call_id, index=index)],
+            response_metadata={"model_provider": PROVIDER}))
 
     def feed(self, event: Any) -> Iterator[ChatGenerationChunk]:
         if event.kind == "reasoning":
             if event.text:
                 yield self._chunk("reasoning", event.text)
         elif event.kind == "answer":
-            self.answer += event.text
-            safe = self._safe_text()
-            if len(safe) > len(self.text) and safe.startswith(self.text):
-                yield self._chunk("text", safe[len(self.text):])
+            if event.text:
+                yield self._chunk("text", event.text)
+        elif event.kind == "tool_call":
+            delta = event.tool_call
+            index = self.call_index.setdefault(delta.index, self.blocks + len(self.call_index))
+            if delta.id:
+                self.streamed_ids.add(delta.id)
+            yield self._call_chunk(delta.id, delta.name, delta.arguments, index)
         elif event.kind == "done":
             yield from self._finish(event.result)
 
@@ -590,13 +858,9 @@ class _StreamAssembler:
             warnings.warn("ChatSSR: streamed answer text is not a prefix of the final content", stacklevel=2)
         calls = [(c.get("id"), c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in res.tool_calls]
         calls += [(c.get("id"), c.get("name"), _raw_arguments(c.get("args"))) for c in res.invalid_tool_calls]
-        if calls:
-            yield ChatGenerationChunk(message=AIMessageChunk(
-                content="",
-                tool_call_chunks=[tool_call_chunk(name=name, args=args, id=call_id, index=self.blocks + i)
-                                  for i, (call_id, name, args) in enumerate(calls)],
-                response_metadata={"model_provider": PROVIDER},
-            ))
+        first = self.blocks + len(self.call_index)
+        for i, (call_id, name, args) in enumerate(c for c in calls if c[0] not in self.streamed_ids):
+            yield self._call_chunk(call_id, name, args, first + i)
         yield ChatGenerationChunk(message=AIMessageChunk(
             content="",
             usage_metadata=_usage(res),

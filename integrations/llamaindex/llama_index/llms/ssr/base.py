@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+import difflib
+import hashlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Union
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -17,12 +21,13 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from ssr import SSRConfig
+from ssr.settings import REASONING_EFFORT_BUDGETS, normalise_settings
 
 from .utils import (
     StreamAccumulator,
@@ -39,6 +44,67 @@ if TYPE_CHECKING:
 
 # per-call keyword arguments that go to the engine; anything else LlamaIndex passes along is ignored
 _ENGINE_KWARGS = ("tools", "tool_choice", "config", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+API_KEY_ENV = "SSR_API_KEY"
+"""The environment variable ``SSR.api_key`` is read from (the ``vllm-server`` backend's key)."""
+
+
+_SERVER_BACKENDS = frozenset({"vllm-server"})  # the backends that take api_key, timeout and max_retries
+_MAX_TOKENS_ALIASES = ("max_tokens", "num_output")  # num_output: LlamaIndex's LLMMetadata name for it
+
+# the model's tokenizer and config, loaded without weights once per model (token counting, metadata)
+_tokenizers: Dict[str, Any] = {}
+_configs: Dict[str, Any] = {}
+_model_files_lock = threading.RLock()
+
+
+def _api_key_from_env() -> Optional[SecretStr]:
+    value = os.environ.get(API_KEY_ENV)
+    return SecretStr(value) if value else None
+
+
+class _ApiKey(str):
+    """The API key as text for the backend, with a ``repr`` that shows only a digest: the engine registry keys
+    engines by ``repr`` of their backend arguments, so different keys stay different engines and no key is shown."""
+
+    def __repr__(self) -> str:
+        return f"<api key sha256:{hashlib.sha256(self.encode()).hexdigest()[:12]}>"
+
+
+def _model_config(model: Optional[str]) -> Any:
+    """The model's transformers config (``AutoConfig``, offline; no weights). Builds the embedded default if it
+    was never converted (as loading it would)."""
+    from ssr.models import resolve_model
+
+    path = resolve_model(model)
+    with _model_files_lock:
+        if path not in _configs:
+            from transformers import AutoConfig
+
+            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
+        return _configs[path]
+
+
+def _context_window(config: Any) -> Optional[int]:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def _model_tokenizer(model: Optional[str]) -> Any:
+    """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them."""
+    from ssr.models import canonical_name
+
+    key = canonical_name(model)
+    with _model_files_lock:
+        if key not in _tokenizers:
+            from ssr.chat import detect_family
+            from ssr.models import load_tokenizer
+
+            tokenizer = load_tokenizer(model)
+            family = detect_family(tokenizer, getattr(_model_config(model), "model_type", None))
+            _tokenizers[key] = (tokenizer, family)
+        return _tokenizers[key]
 
 
 def _to_completion(response: ChatResponse) -> CompletionResponse:
@@ -71,9 +137,16 @@ class SSR(FunctionCallingLLM):
         response = llm.chat([ChatMessage(role="user", content="What is 17 * 23?")])
         print(response.message.content, response.additional_kwargs["ssr"])
         ```
+
+    ``thinking=False`` answers without thinking (the model's own chat template); ``reasoning_effort`` sets the
+    thinking budget (``"low"``: 128, ``"medium"``: 512, ``"high"``: 2048 tokens of ``SSRConfig.max_think_tokens``).
+    Both work per call too (``llm.chat(messages, thinking=False)``). ``llm.metadata`` and the token counts
+    (``get_num_tokens``, ``get_num_tokens_from_messages``; ``Settings.tokenizer = llm.tokenizer``) read the
+    model's config and tokenizer alone: no weights are loaded. With ``backend="vllm-server"``, ``api_key`` (default
+    ``$SSR_API_KEY``, a ``SecretStr``, never serialised), ``timeout`` and ``max_retries`` go to the backend.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     model: Optional[str] = Field(
         default=None,
@@ -92,18 +165,58 @@ class SSR(FunctionCallingLLM):
         default=None, ge=0.0, description="Sampling temperature; None keeps ssr_config's (0.0, greedy, by default)."
     )
     max_tokens: Optional[int] = Field(
-        default=None, gt=0, description="Most tokens generated (reasoning + answer); None keeps ssr_config's."
+        default=None, gt=0,
+        description="Most tokens generated (reasoning + answer); None keeps ssr_config's. Also accepted as num_output.",
     )
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling; None keeps ssr_config's.")
     top_k: Optional[int] = Field(default=None, ge=0, description="Top-k sampling (0 disables); None keeps ssr_config's.")
     seed: Optional[int] = Field(default=None, description="Sampling seed; None keeps ssr_config's.")
     stop: Optional[List[str]] = Field(default=None, description="Stop strings; None keeps ssr_config's.")
+    thinking: Optional[bool] = Field(
+        default=None,
+        description="False: answer without thinking (the model's own chat template, no ThinkingBlock); "
+        "True or None: think first (the engine's default).",
+    )
+    reasoning_effort: Optional[Literal["low", "medium", "high"]] = Field(
+        default=None,
+        description="Thinking budget by name: low = 128, medium = 512, high = 2048 thinking tokens "
+        "(SSRConfig.max_think_tokens); max_tokens still caps thinking and answer together. None keeps ssr_config's.",
+    )
+    api_key: Optional[SecretStr] = Field(
+        default_factory=_api_key_from_env, exclude=True,
+        description="API key of the vllm-server backend's server (default: $SSR_API_KEY, then the backend's "
+        "$VLLM_API_KEY); hidden in repr, never serialised.",
+    )
+    timeout: Optional[float] = Field(
+        default=None, gt=0,
+        description="Seconds the vllm-server backend waits for each HTTP call (None: 120); in-process backends "
+        "ignore it.",
+    )
+    max_retries: Optional[int] = Field(
+        default=None, ge=0,
+        description="Retries of a vllm-server HTTP call that could not connect (None: 2); timeouts are not "
+        "retried; in-process backends ignore it.",
+    )
 
     _engine: Any = PrivateAttr(default=None)
 
     def __init__(self, engine: Any = None, **kwargs: Any) -> None:
-        """``engine``: an already built ``ssr.SSREngine`` to use instead of ``ssr.get_engine(model, backend)``."""
-        super().__init__(**kwargs)
+        """``engine``: an already built ``ssr.SSREngine`` to use instead of ``ssr.get_engine(model, backend)``.
+
+        Unknown arguments raise ``TypeError`` naming them and the accepted ones; ``num_output`` is ``max_tokens``.
+        An ``api_key`` in ``backend_kwargs`` moves to the ``api_key`` field (kept secret).
+        """
+        accepted = set(type(self).model_fields) | set(_MAX_TOKENS_ALIASES)
+        unknown = sorted(k for k in kwargs if k not in accepted)
+        if unknown:
+            hints = [f"{close[0]!r} for {name!r}" for name in unknown
+                     if (close := difflib.get_close_matches(name, accepted, n=1))]
+            raise TypeError(
+                f"SSR got unknown argument(s) {unknown}" + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+                + f". It accepts: engine, {', '.join(sorted(accepted))}. Backend options (base_url, dtype, device, "
+                "...) go in backend_kwargs={...}, SSR's decoding settings in ssr_config=SSRConfig(...)."
+            )
+        super().__init__(**normalise_settings("SSR", kwargs, _MAX_TOKENS_ALIASES))
         self._engine = engine
 
     @classmethod
@@ -112,13 +225,25 @@ class SSR(FunctionCallingLLM):
 
     # -- engine --------------------------------------------------------------------------------------------------
 
+    def _backend_kwargs(self) -> Dict[str, Any]:
+        """``backend_kwargs`` plus, for a server backend, the API key, timeout and retries."""
+        kwargs = dict(self.backend_kwargs)
+        if self.backend in _SERVER_BACKENDS:
+            if self.api_key is not None and self.api_key.get_secret_value():
+                kwargs.setdefault("api_key", _ApiKey(self.api_key.get_secret_value()))
+            if self.timeout is not None:
+                kwargs.setdefault("timeout", self.timeout)
+            if self.max_retries is not None:
+                kwargs.setdefault("max_retries", self.max_retries)
+        return kwargs
+
     @property
     def engine(self) -> Any:
         """The engine, loaded on first use from the process-wide cache (one per (model, backend))."""
         if self._engine is None:
             from ssr import get_engine
 
-            self._engine = get_engine(model=self.model, backend=self.backend, **self.backend_kwargs)
+            self._engine = get_engine(model=self.model, backend=self.backend, **self._backend_kwargs())
         return self._engine
 
     async def _aengine(self) -> Any:
@@ -128,41 +253,116 @@ class SSR(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        engine = self.engine
-        config = self.ssr_config or engine.config
+        """Context window (the loaded engine's, else the model config's ``max_position_embeddings``), the output
+        budget (``max_tokens``, else ``ssr_config``'s), chat and function calling; no weights are loaded."""
+        engine = self._engine
+        if engine is not None:
+            context_window, name, config = engine.context_window, engine.model_name, self.ssr_config or engine.config
+        else:
+            from ssr.models import canonical_name
+
+            context_window = _context_window(_model_config(self.model))
+            name, config = canonical_name(self.model), self.ssr_config or SSRConfig()
         return LLMMetadata(
-            context_window=engine.context_window,
+            context_window=context_window or LLMMetadata.model_fields["context_window"].default,
             num_output=self.max_tokens or config.max_tokens,
             is_chat_model=True,
             is_function_calling_model=True,
-            model_name=engine.model_name,
+            model_name=name,
         )
+
+    # -- token counting (the model's tokenizer alone: no weights, nothing downloaded) -----------------------------
+
+    def _tokenizer_and_family(self) -> Any:
+        engine = self._engine
+        if engine is not None and getattr(engine, "tokenizer", None) is not None:
+            return engine.tokenizer, engine.family
+        return _model_tokenizer(self.model)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (``Settings.tokenizer = llm.tokenizer`` counts with it)."""
+        return self._tokenizer_and_family()[0]
+
+    def get_token_ids(self, text: str) -> List[int]:
+        """Token ids of ``text`` (no special tokens added); a ``TokenCountingHandler(tokenizer=...)`` callable."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens(self, text: str) -> int:
+        return len(self.get_token_ids(text))
+
+    def get_num_tokens_from_messages(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Optional[Sequence[Any]] = None,
+        tool_choice: Union[str, Dict[str, Any], None] = None,
+        tool_required: bool = False,
+    ) -> int:
+        """The prompt length the engine will prefill for ``messages`` (equals the response's ``prompt_tokens``):
+        the exact chat template it renders, with SSR's thinking setup (none with ``thinking=False``), the tools
+        and the ``tool_choice`` instruction."""
+        if not messages:
+            return 0
+        from ssr.chat import encode_prompt
+
+        tokenizer, family = self._tokenizer_and_family()
+        specs = [tool_to_openai(t) for t in tools] if tools else None
+        choice = resolve_tool_choice(tool_choice, tool_required) if specs else None
+        extra = {"thinking": self.thinking} if self.thinking is not None else {}
+        return len(encode_prompt(tokenizer, family, to_engine_messages(messages), specs, choice, **extra))
+
+    # -- engine arguments ----------------------------------------------------------------------------------------
 
     def _engine_kwargs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         params: Dict[str, Any] = {
             "config": self.ssr_config, "max_tokens": self.max_tokens, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": self.stop,
         }
-        params.update({k: kwargs[k] for k in _ENGINE_KWARGS if k in kwargs})
+        if kwargs.get("num_output") is not None and kwargs.get("max_tokens") is None:
+            params["max_tokens"] = kwargs["num_output"]
+        params.update({k: kwargs[k] for k in _ENGINE_KWARGS if k in kwargs and kwargs[k] is not None})
         if params.get("tools"):
             params["tools"] = [tool_to_openai(t) for t in params["tools"]]
         else:
             params.pop("tools", None)
             params.pop("tool_choice", None)
+        thinking = kwargs.get("thinking", self.thinking)
+        if thinking is not None:
+            params["thinking"] = thinking
+        effort = kwargs.get("reasoning_effort") or self.reasoning_effort
+        if effort is not None:
+            if effort not in REASONING_EFFORT_BUDGETS:
+                raise ValueError(f"reasoning_effort must be one of {sorted(REASONING_EFFORT_BUDGETS)}, got {effort!r}")
+            if thinking is not False:
+                params["reasoning_effort"] = effort  # resolved against the engine's config in _call_kwargs
         return {k: v for k, v in params.items() if v is not None}
+
+    @staticmethod
+    def _call_kwargs(params: Dict[str, Any], engine: Any) -> Dict[str, Any]:
+        """``reasoning_effort`` as a config override of the thinking budget (everything else kept)."""
+        params = dict(params)
+        effort = params.pop("reasoning_effort", None)
+        if effort is not None:
+            budget = REASONING_EFFORT_BUDGETS[effort]
+            base = params.get("config") or engine.config
+            params["config"] = base.override(max_think_tokens=budget,
+                                             min_think_tokens=min(base.min_think_tokens, budget))
+        return params
 
     # -- chat ----------------------------------------------------------------------------------------------------
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine = self.engine
-        result = engine.generate(to_engine_messages(messages), **self._engine_kwargs(kwargs))
+        params = self._call_kwargs(self._engine_kwargs(kwargs), engine)
+        result = engine.generate(to_engine_messages(messages), **params)
         return chat_response_from_result(result, engine.model_name)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine = await self._aengine()
-        result = await engine.agenerate(to_engine_messages(messages), **self._engine_kwargs(kwargs))
+        params = self._call_kwargs(self._engine_kwargs(kwargs), engine)
+        result = await engine.agenerate(to_engine_messages(messages), **params)
         return chat_response_from_result(result, engine.model_name)
 
     @llm_chat_callback()
@@ -171,8 +371,8 @@ class SSR(FunctionCallingLLM):
 
         def gen() -> ChatResponseGen:
             engine = self.engine
-            events = engine.stream(prompt, **params)
-            acc = StreamAccumulator(model_name=engine.model_name, tools_bound=bool(params.get("tools")))
+            events = engine.stream(prompt, **self._call_kwargs(params, engine))
+            acc = StreamAccumulator(model_name=engine.model_name)
             try:
                 for event in events:
                     chunk = acc.feed(event)
@@ -190,8 +390,8 @@ class SSR(FunctionCallingLLM):
 
         async def gen() -> ChatResponseAsyncGen:
             engine = await self._aengine()
-            events = engine.astream(prompt, **params)
-            acc = StreamAccumulator(model_name=engine.model_name, tools_bound=bool(params.get("tools")))
+            events = engine.astream(prompt, **self._call_kwargs(params, engine))
+            acc = StreamAccumulator(model_name=engine.model_name)
             try:
                 async for event in events:
                     chunk = acc.feed(event)

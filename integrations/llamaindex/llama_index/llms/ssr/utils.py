@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from llama_index.core.base.llms.types import (
     CachePoint,
@@ -18,10 +17,6 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
-
-# Hermes/Qwen-style tool-call markup, as the default (Qwen2.5) chat template asks the model to write it.
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 ROLE_MAP = {
     MessageRole.SYSTEM: "system",
@@ -145,13 +140,22 @@ def openai_tool_calls(tool_calls: Sequence[Dict[str, Any]]) -> List[Dict[str, An
             for c in tool_calls]
 
 
-def usage_of(result: Any) -> Dict[str, int]:
+def usage_of(result: Any) -> Dict[str, Any]:
+    """OpenAI-style usage: token counts, ``reasoning_tokens`` (thinking) and ``cached_tokens`` (prompt tokens whose
+    KV cache came from the previous request of the conversation: ``stats["reused_prompt_tokens"]``), flat and in
+    ``prompt_tokens_details`` / ``completion_tokens_details`` as OpenAI nests them."""
     completion = len(result.token_ids)
-    usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
-             "total_tokens": result.prompt_tokens + completion}
-    think = (result.stats or {}).get("think_tokens")
+    usage: Dict[str, Any] = {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
+                             "total_tokens": result.prompt_tokens + completion}
+    stats = result.stats or {}
+    think = stats.get("think_tokens")
     if think is not None:
         usage["reasoning_tokens"] = think
+        usage["completion_tokens_details"] = {"reasoning_tokens": think}
+    cached = stats.get("reused_prompt_tokens")
+    if cached is not None:
+        usage["cached_tokens"] = cached
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return usage
 
 
@@ -218,9 +222,6 @@ def reasoning_of(message: ChatMessage) -> str:
 # tool calls in (partial) output
 
 
-_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-
-
 def _partial_json(text: str) -> Any:
     """Parse JSON that may be cut off anywhere; a dangling key or value is dropped. Raises ValueError if hopeless."""
     for _ in range(8):
@@ -232,116 +233,6 @@ def _partial_json(text: str) -> Any:
                 raise
             text = text[:cut]
     raise ValueError("Malformed partial JSON encountered.")
-
-
-def _parse_call_body(body: str, complete: bool) -> Optional[Dict[str, Any]]:
-    """{"name", "arguments"} from the JSON inside one <tool_call>, tolerating a cut-off body; None if no name yet."""
-    body = body.strip()
-    try:
-        data = _partial_json(body) if body else {}
-    except ValueError:
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    if complete:
-        name = data.get("name")
-    else:  # a name still being written is not a name yet
-        match = _NAME.search(body)
-        name = json.loads(f'"{match.group(1)}"') if match else None
-    if not isinstance(name, str) or not name:
-        return None
-    arguments = data.get("arguments", data.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = _partial_json(arguments)
-        except ValueError:
-            arguments = {}
-    return {"id": None, "name": name, "arguments": arguments if isinstance(arguments, dict) else {}}
-
-
-def _held_back(text: str, marker: str = TOOL_CALL_OPEN) -> int:
-    """Length of the longest tail of ``text`` that could still grow into ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
-
-
-def split_streamed_answer(text: str, tools_bound: bool = True) -> Tuple[str, List[Dict[str, Any]]]:
-    """Split an answer that may still be growing into (visible text, tool calls so far).
-
-    Mirrors the engine's final parse (``ssr.chat.parse_tool_calls``): without bound tools the whole answer is
-    text; with tools, ``<tool_call>`` markup is a call, and where there is none, a JSON object with a "name" in a
-    json (or bare) code fence, or as the whole answer, is one. Call markup never shows in the visible text: a call
-    still open hides everything after its start, and a tail that may still turn into call markup is held back.
-    The visible text only grows as ``text`` grows, so successive results give clean deltas. Calls still being
-    written come with partial arguments.
-    """
-    if not tools_bound:
-        return text, []
-    if TOOL_CALL_OPEN not in text:
-        if text.lstrip().startswith("{"):  # the whole answer may be one bare JSON call
-            call = _parse_call_body(text, complete=False)
-            return "", [call] if call else []
-        return _split_fenced(text)
-    visible: List[str] = []
-    calls: List[Dict[str, Any]] = []
-    pos = 0
-    while True:
-        start = text.find(TOOL_CALL_OPEN, pos)
-        if start < 0:
-            tail = text[pos:]
-            visible.append(tail[: len(tail) - _held_back(tail)])
-            break
-        visible.append(text[pos:start])
-        body_start = start + len(TOOL_CALL_OPEN)
-        end = text.find(TOOL_CALL_CLOSE, body_start)
-        call = _parse_call_body(text[body_start:] if end < 0 else text[body_start:end], complete=end >= 0)
-        if call is not None:
-            calls.append(call)
-        if end < 0:
-            break
-        pos = end + len(TOOL_CALL_CLOSE)
-    return "".join(visible), calls
-
-
-_FENCE = "```"
-_CALL_FENCES = ("json", "tool_call", "")
-
-
-def _split_fenced(text: str) -> Tuple[str, List[Dict[str, Any]]]:
-    """Untagged answers: a code fence in json/tool_call (or no) language whose body is a JSON call is a call.
-
-    The visible text stops where the first (possible) call starts; what follows arrives with the final response.
-    """
-    calls: List[Dict[str, Any]] = []
-    cut: Optional[int] = None
-    pos = 0
-    while True:
-        start = text.find(_FENCE, pos)
-        if start < 0:
-            break
-        head_end = text.find("\n", start + len(_FENCE))
-        if head_end < 0:  # the fence's language is still being written
-            language = text[start + len(_FENCE):].strip()
-            if any(name.startswith(language) for name in _CALL_FENCES) and cut is None:
-                cut = start  # may open a call: hold back
-            break
-        language = text[start + len(_FENCE):head_end].strip()
-        close = text.find(_FENCE, head_end + 1)
-        body = text[head_end + 1: close if close >= 0 else len(text)].lstrip()
-        maybe_call = language in _CALL_FENCES and (body.startswith("{") or (close < 0 and not body))
-        if maybe_call and (close < 0 or '"name"' in body):
-            call = _parse_call_body(body, complete=close >= 0) if body else None
-            calls.extend([call] if call else [])
-            cut = start if cut is None else cut
-        if close < 0:
-            break
-        pos = close + len(_FENCE)
-    if cut is None:
-        tail = text[pos:]  # after the last closed fence
-        cut = len(text) - max(_held_back(tail), _held_back(tail, _FENCE))
-    return text[:cut], calls
 
 
 def tool_selections_from_message(message: ChatMessage) -> List[ToolSelection]:
@@ -382,17 +273,19 @@ def _settled(text: str) -> str:
 class StreamAccumulator:
     """Turns the engine's stream events into ChatResponse chunks carrying the running text and the delta.
 
-    Reasoning goes to a ThinkingBlock and ``additional_kwargs["thinking_delta"]``, never into the answer text; the
+    Reasoning goes to a ThinkingBlock and ``additional_kwargs["thinking_delta"]``, never into the answer text. With
+    tools bound the engine streams the text outside calls as "answer" and each call as "tool_call" deltas (id and
+    name, then argument fragments): the running message carries the calls so far, arguments parsed partially. The
     last chunk (from the "done" event) is the full response with tool calls, usage and SSR stats.
     """
 
     model_name: Optional[str] = None
-    tools_bound: bool = False
     raw_reasoning: str = ""
     raw_answer: str = ""
     reasoning: str = ""
     content: str = ""
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)
+    _arguments: List[str] = field(default_factory=list)  # each call's argument JSON text so far
 
     def feed(self, event: Any) -> Optional[ChatResponse]:
         if event.kind == "reasoning":
@@ -405,13 +298,25 @@ class StreamAccumulator:
             return self._chunk(delta="", thinking_delta=thinking_delta, raw={"kind": "reasoning", "text": event.text})
         if event.kind == "answer":
             self.raw_answer += event.text
-            visible, calls = split_streamed_answer(self.raw_answer, self.tools_bound)
-            content = _settled(visible)
+            content = _settled(self.raw_answer)
             delta = content[len(self.content):]
-            if not delta and calls == self.tool_calls:
+            if not delta:
                 return None
-            self.content, self.tool_calls = content, calls
+            self.content = content
             return self._chunk(delta=delta, thinking_delta="", raw={"kind": "answer", "text": event.text})
+        if event.kind == "tool_call":
+            call = event.tool_call
+            if call.index == len(self.tool_calls):  # a new call: its id and name come first
+                self.tool_calls.append({"id": call.id, "name": call.name, "arguments": {}})
+                self._arguments.append("")
+            self._arguments[call.index] += call.arguments
+            try:
+                partial = _partial_json(self._arguments[call.index]) if self._arguments[call.index].strip() else {}
+            except ValueError:
+                partial = {}
+            self.tool_calls[call.index]["arguments"] = partial if isinstance(partial, dict) else {}
+            return self._chunk(delta="", thinking_delta="", raw={"kind": "tool_call", "index": call.index,
+                                                                 "arguments": call.arguments})
         if event.kind == "done":
             return self._final(event.result)
         return None

@@ -1,0 +1,211 @@
+"""Grammar-constrained answers with llguidance: a JSON schema (or any JSON object) for structured output, and the
+bound tools' call format with each tool's argument schema for tool calls.
+
+The mask is part of the decoding rule, like the thinking budget: plain decoding, every draft lane and every verify
+row of SSR apply it the same way, so SSR's output stays plain decoding's. A lane's ``Constraint`` follows the tokens
+the lane has committed; to mask a verify pass it walks the proposal (mask the row, take the proposed token if the
+grammar allows it) and rolls back, so nothing a rejected proposal wrote stays in the parser.
+
+llguidance was chosen by measurement (``docs/grammar.md``): on the 151k-token vocabulary a mask costs tens of
+microseconds (a forward pass here costs 70-140 ms), a schema compiles in about a millisecond, rollback is cheap,
+and the wheel has no dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema an OpenAI-style ``response_format`` asks for (None: free text). ``json_object`` is any JSON
+    object; ``json_schema`` takes ``{"json_schema": {"schema": ...}}`` or a bare ``{"schema": ...}``."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema", response_format)
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs a schema object: "
+                             '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+        return schema
+    raise ValueError(f"unknown response_format type {kind!r}: use 'text', 'json_object' or 'json_schema'")
+
+
+# The model's own JSON style, and no whitespace runs: under a mask a small model can loop on spaces forever.
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": _JSON_STYLE})
+
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """An answer that is one JSON value of ``schema`` (whitespace may lead: a chain of thought closes with one)."""
+    return ("%llguidance {}\n"
+            "start: json_body | WS json_body\n"
+            f"json_body: {_json(schema)}\n"
+            "WS: /[ \\t\\n]+/\n")
+
+
+def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | None) -> None:
+    """A ``tool_choice`` that names a tool must name a bound one (never a forced call to a tool that is not there)."""
+    names = [t["function"]["name"] for t in tools or []]
+    if tool_choice not in (None, "auto", "none", "any", "required") and tool_choice not in names:
+        raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound tools: {names}")
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], tool_choice: str | None, call_open: str = "<tool_call>",
+                      call_close: str = "</tool_call>", special_markers: bool = True) -> str:
+    """Hermes/Qwen tool calls whose names are the bound tools' and whose arguments follow each tool's schema.
+
+    ``"auto"``: free text, and a call wherever the model opens one. ``"required"``/``"any"``: one call or more and
+    nothing else. A tool's name: calls to that tool only. With ``special_markers`` the call markers are the
+    tokenizer's special tokens; otherwise they are text, and free text ends lazily where a call opens.
+    """
+    check_tool_choice(tools, tool_choice)
+    free = tool_choice in (None, "auto")
+    chosen = [t for t in tools if free or tool_choice in ("any", "required") or t["function"]["name"] == tool_choice]
+    rules = []
+    for i, tool in enumerate(chosen):
+        fn = tool["function"]
+        head = json.dumps(fn["name"] + '", "arguments": ')
+        rules.append(f"call_{i}: {head} {_json(fn.get('parameters') or {'type': 'object', 'properties': {}})}")
+    body = " | ".join(f"call_{i}" for i in range(len(chosen)))
+    opening, closing = (call_open, call_close) if special_markers else (json.dumps(call_open), json.dumps(call_close))
+    call = f'call: {opening} "\\n{{\\"name\\": \\"" ({body}) "}}\\n" {closing}'
+    if free and special_markers:
+        start = "start: (TEXT call)* TEXT\nTEXT: /(.|\\n)*/"
+    elif free:  # a text marker: the text before it is a lazy lexeme that ends at the marker
+        call = call.replace(f"call: {opening}", "call: open_call", 1)
+        start = f"start: call* TEXT\nopen_call[lazy]: TEXT {opening}\nTEXT: /(.|\\n)*/"
+    else:
+        start = "start: (WS? call)+ WS?\nWS: /[ \\t\\n]+/"
+    return "%llguidance {}\n" + "\n".join([start, call, *rules]) + "\n"
+
+
+def _ll_tokenizer(tokenizer, vocab_size: int, eos_ids: list[int]):
+    """llguidance's view of the vocabulary. Filler entries (Qwen's ``[PAD151665]``...) are marked special, so no
+    grammar allows them: as ordinary tokens they would decode to text inside a JSON string."""
+    import llguidance
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    have = {a["id"] for a in spec["added_tokens"]}
+    spec["added_tokens"] += [{"id": i, "content": t, "special": True, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False}
+                             for t, i in tokenizer.get_vocab().items()
+                             if i not in have and re.fullmatch(r"\[PAD\d+\]", t)]
+    try:
+        return llguidance.LLTokenizer(json.dumps(spec), n_vocab=vocab_size, eos_token=eos_ids)
+    except ValueError:  # a decoder llguidance cannot read (e.g. the tests' word-level one): give it token bytes
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenBytes(tokenizer, vocab_size, eos_ids)),
+                                      n_vocab=vocab_size, eos_token=eos_ids)
+
+
+class _TokenBytes:
+    """The token-bytes view ``llguidance.TokenizerWrapper`` reads, for tokenizers without a byte-level decoder."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]) -> None:
+        self.eos_token_id, self.bos_token_id = eos_ids[0], None
+        self.tokens = [tokenizer.convert_tokens_to_string([t]).encode() if t is not None else b""
+                       for t in tokenizer.convert_ids_to_tokens(list(range(vocab_size)))]
+        self.special_token_ids = list(eos_ids)  # other tokens are their text here, whatever the tokenizer flags
+        self._encode = tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=False)
+
+
+class Grammars:
+    """One engine's grammar support: the tokenizer converted once (a few seconds for 151k tokens), then a matcher
+    per lane from a grammar's text."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids) -> None:
+        import llguidance
+
+        self._llg = llguidance
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = sorted(eos_ids)
+        self.ll_tokenizer = _ll_tokenizer(tokenizer, vocab_size, sorted(eos_ids))
+
+    def is_special(self, text: str) -> bool:
+        """Whether ``text`` (a call marker) is one special token of the vocabulary, as ``<tool_call>`` is in Qwen."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return len(ids) == 1 and self.ll_tokenizer.is_special_token(ids[0])
+
+    def check(self, grammar: str) -> None:
+        """A clear error for a grammar (a schema) llguidance cannot use, before any lane is taken."""
+        error = self._llg.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if error:
+            raise ValueError(f"cannot constrain the answer to this schema: {error}")
+
+    def constraint(self, grammar: str, before: str = "") -> "Constraint":
+        """A matcher for one lane whose constrained text starts with ``before`` (what the end of thinking left)."""
+        matcher = self._llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        constraint = Constraint(self, matcher)
+        constraint.take(self.tokenizer.encode(before, add_special_tokens=False) if before else [])
+        return constraint
+
+
+@dataclass
+class Constraint:
+    """One lane's parser state over its committed answer tokens."""
+
+    grammars: Grammars
+    matcher: Any
+    taken: int = 0  # tokens of the lane's answer the matcher has consumed (the ``before`` text not counted)
+    broken: str | None = None  # why the committed text left the grammar; from then on the answer can only end
+
+    def take(self, tokens: list[int]) -> None:
+        """Consume committed tokens. A committed token the grammar rejects (a dead end that a tiny vocabulary's
+        mask let through) leaves only EOS from then on: never decode unconstrained."""
+        if tokens and self.broken is None and not self.matcher.consume_tokens(tokens):
+            self.broken = self.matcher.get_error()
+
+    def sync(self, answer: list[int]) -> None:
+        self.take(answer[self.taken:])
+        self.taken = len(answer)
+
+    def rows(self, rows: torch.Tensor, answer: list[int], proposal: list[int]) -> torch.Tensor:
+        """``rows`` (the scores after ``answer`` and after each prefix of ``proposal``) with the tokens the grammar
+        forbids at -inf. Where no allowed token has a score (a backend that returns only its top-k scores), the
+        allowed tokens score alike (one token forced by the grammar is then taken; none allowed: EOS). The walk stops
+        at the first proposed token the grammar rejects: verification rejects it there, so later rows are never
+        read."""
+        import llguidance.torch as llt
+
+        self.sync(answer)
+        out = rows.clone()
+        bitmask = llt.allocate_token_bitmask(1, self.grammars.vocab_size)
+        broken, walked = self.broken is not None, 0
+        for i in range(out.shape[0]):
+            allowed = torch.zeros(out.shape[1], dtype=torch.bool, device=out.device)
+            if broken or self.matcher.is_stopped():  # left the grammar, or complete: only EOS
+                allowed[self.grammars.eos_ids] = True
+            else:
+                llt.fill_next_token_bitmask(self.matcher, bitmask, 0)
+                bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:out.shape[1]]
+                allowed = torch.from_numpy(bits.view(np.bool_)).to(out.device)
+            out[i].masked_fill_(~allowed, float("-inf"))
+            if not torch.isfinite(out[i]).any():  # no allowed token has a score (a top-k backend): all alike
+                out[i, allowed if allowed.any() else self.grammars.eos_ids] = 0.0
+            if i == len(proposal) or broken or not torch.isfinite(out[i, proposal[i]]):
+                break  # verification stops here: the token is rejected (or the walk is over)
+            if self.matcher.try_consume_tokens(proposal[i: i + 1]) == 1:
+                walked += 1
+            else:  # allowed by the mask, refused by the parser: what ``take`` finds when it is committed
+                broken = True
+        if walked and not self.matcher.rollback(walked):
+            raise RuntimeError(f"grammar rollback failed: {self.matcher.get_error()}")
+        return out

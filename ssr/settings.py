@@ -1,0 +1,30 @@
+"""Settings both framework adapters take the same way: the thinking budget by name, the aliases users type for the
+token limit, and a server key given among the backend options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REASONING_EFFORT_BUDGETS = {"low": 128, "medium": 512, "high": 2048}
+"""``reasoning_effort`` -> the thinking budget (``SSRConfig.max_think_tokens``); 512 is ``SSRConfig``'s default."""
+
+
+def normalise_settings(owner: str, values: dict[str, Any], max_tokens_aliases: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` with the token-limit aliases folded into ``max_tokens`` (two of them at once is an error) and an
+    ``api_key`` found in ``backend_kwargs`` moved to the ``api_key`` setting (kept secret there)."""
+    values = dict(values)
+    given = {k: values.pop(k) for k in max_tokens_aliases if k in values}
+    named = {k: v for k, v in given.items() if v is not None}
+    if len(named) > 1:
+        raise TypeError(f"{owner} got {sorted(named)}: they name one setting (the most tokens to generate); "
+                        "give only one")
+    if given:
+        values["max_tokens"] = next(iter(named.values()), None)
+    backend_kwargs = values.get("backend_kwargs")
+    if isinstance(backend_kwargs, dict) and "api_key" in backend_kwargs:
+        backend_kwargs = dict(backend_kwargs)
+        key = backend_kwargs.pop("api_key")
+        if values.get("api_key") is None:
+            values["api_key"] = key
+        values["backend_kwargs"] = backend_kwargs
+    return values

@@ -1,0 +1,160 @@
+"""Grammar-constrained answers: the grammars themselves (on the real tokenizer, no weights), and exactness of plain
+decoding vs SSR when every lane and verify row applies the mask (tiny random models)."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+import torch
+from jsonschema import validate
+from transformers import AutoTokenizer
+
+from ssr import SSRConfig
+from ssr.grammar import Grammars, json_grammar, response_schema, tool_call_grammar
+from ssr.models import resolve_model
+from tiny import TOOL_VOCAB, prompt_ids, tiny_engine
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                                           "days": {"type": "integer"}},
+          "required": ["city", "unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "convert", "parameters": {
+             "type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]}}}]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
+    return tokenizer, Grammars(tokenizer, 151936, {151643, 151645})
+
+
+def _follows(qwen, grammar: str, text: str, before: str = "") -> bool:
+    tokenizer, grammars = qwen
+    grammars.check(grammar)
+    constraint = grammars.constraint(grammar, before)
+    constraint.sync(tokenizer.encode(text, add_special_tokens=False))
+    return constraint.broken is None
+
+
+def test_json_answers_follow_the_schema(qwen):
+    grammar = json_grammar(SCHEMA)
+    assert _follows(qwen, grammar, '{"city": "Paris", "unit": "celsius", "days": 3}')
+    assert _follows(qwen, grammar, '{"city": "Paris", "unit": "celsius"}', before="\n\n")  # after a close
+    assert not _follows(qwen, grammar, '{"city": "Paris", "unit": "kelvin"}')
+    assert not _follows(qwen, grammar, '{"city": "Paris", "unit": "celsius", "days": "3"}')
+    assert not _follows(qwen, grammar, '{"city":"Paris"}')  # one JSON style: the model's own, no whitespace runs
+
+
+def test_call_grammar_by_tool_choice(qwen):
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>'
+    bad_name = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    bad_args = '<tool_call>\n{"name": "convert", "arguments": {"amount": "ten"}}\n</tool_call>'
+    auto, required = tool_call_grammar(TOOLS, "auto"), tool_call_grammar(TOOLS, "required")
+    assert _follows(qwen, auto, "No tool fits; the answer is 4.")
+    assert _follows(qwen, auto, "Let me check.\n" + call + "\n" + call)
+    assert not _follows(qwen, auto, bad_name) and not _follows(qwen, auto, bad_args)
+    assert _follows(qwen, required, call) and not _follows(qwen, required, "The answer is 4.")
+    assert not _follows(qwen, tool_call_grammar(TOOLS, "convert"), call)
+    with pytest.raises(ValueError, match="names no bound tool"):
+        tool_call_grammar(TOOLS, "get_time")
+
+
+def test_response_formats():
+    assert response_schema(None) is None and response_schema({"type": "text"}) is None
+    assert response_schema({"type": "json_object"}) == {"type": "object"}
+    assert response_schema({"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}) == SCHEMA
+    with pytest.raises(ValueError, match="needs a schema"):
+        response_schema({"type": "json_schema", "json_schema": {"name": "w"}})
+    with pytest.raises(ValueError, match="unknown response_format"):
+        response_schema({"type": "yaml"})
+
+
+def test_padding_ids_are_never_allowed_and_a_verify_walk_leaves_no_trace(qwen):
+    tokenizer, grammars = qwen
+    constraint = grammars.constraint(json_grammar(SCHEMA))
+    answer = tokenizer.encode('{"city": "Pa', add_special_tokens=False)
+    proposal = tokenizer.encode('ris", "unit": "c', add_special_tokens=False)
+    rows = constraint.rows(torch.zeros(len(proposal) + 1, 151936), answer, proposal)
+    allowed = torch.isfinite(rows)
+    assert not allowed[:, 151665:].any()  # Qwen's [PAD...] fillers: text inside a string otherwise
+    assert all(allowed[i, t] for i, t in enumerate(proposal))
+    again = constraint.rows(torch.zeros(1, 151936), answer, [])  # the walk was rolled back
+    assert torch.equal(torch.isfinite(again[0]), allowed[0])
+    after_city = constraint.rows(torch.zeros(2, 151936), answer, proposal[:1])[1]
+    assert torch.equal(torch.isfinite(after_city), allowed[1])
+
+
+# -- exactness on tiny models -----------------------------------------------------------------------------------------
+
+TINY_SCHEMA = {"type": "object", "properties": {"ab": {"enum": ["ab", "hz"]}, "name": {"type": "string"}},
+               "required": ["ab"], "additionalProperties": False}  # spelled with the tiny vocabulary
+TINY_TOOLS = [{"type": "function", "function": {"name": name, "parameters": TINY_SCHEMA}} for name in ("ab", "h_z")]
+CASES = {"one-draft": dict(draft_start=2), "several-drafts": dict(draft_start=1, draft_interval=2, max_drafts=2),
+         "forced-close": dict(draft_start=1, max_think_tokens=3), "suffix-only-peer": dict(max_drafts=0),
+         "small-verify-chunks": dict(draft_start=1, max_verify_tokens=2, max_suffix_tokens=2)}
+BASE = dict(max_think_tokens=10, max_tokens=120, max_draft_tokens=80, suffix_min_match=1, suffix_min_prob=0.0)
+
+
+def _pairs(**request):
+    for seed in range(4):
+        engine = tiny_engine(seed, attention=0.4, scale=0.5, vocab=TOOL_VOCAB)
+        for name, overrides in CASES.items():
+            for thinking in (True, False):
+                plain, ssr = (engine.generate(prompt_ids("abc"), thinking=thinking,
+                                              config=SSRConfig(enabled=enabled, **{**BASE, **overrides}), **request)
+                              for enabled in (False, True))
+                yield (seed, name, thinking), plain, ssr
+
+
+def test_structured_output_is_exact_and_valid():
+    """A JSON-schema answer: every lane and verify row masks, and SSR stays token-identical to plain decoding;
+    every complete JSON answer follows the schema. (This 29-token vocabulary cannot spell every string the grammar
+    allows; where the mask admits a token the parser then refuses, the answer ends there, in both.)"""
+    endings = collections.Counter()
+    for case, plain, ssr in _pairs(response_format={"type": "json_schema", "json_schema": {"schema": TINY_SCHEMA}}):
+        assert ssr.token_ids == plain.token_ids and ssr.answer == plain.answer, case
+        assert plain.answer.lstrip().startswith("{"), (case, plain.answer)
+        try:
+            value = json.loads(plain.answer)
+        except json.JSONDecodeError:
+            endings["incomplete"] += 1
+            continue
+        validate(value, TINY_SCHEMA)
+        endings["valid"] += 1
+    assert endings["valid"], endings
+
+
+def test_auto_tool_calls_are_exact_and_name_bound_tools():
+    """tool_choice="auto": free text, and wherever the model opens a call, the grammar keeps the call to a bound
+    tool with schema-valid arguments; plain and SSR identical."""
+    calls = collections.Counter()
+    for case, plain, ssr in _pairs(tools=TINY_TOOLS, tool_choice="auto"):
+        assert ssr.token_ids == plain.token_ids and ssr.answer == plain.answer, case
+        assert not plain.invalid_tool_calls or plain.finish_reason == "length", (case, plain.invalid_tool_calls)
+        for call in plain.tool_calls:
+            assert call["name"] in ("ab", "h_z")
+            validate(call["arguments"], TINY_SCHEMA)
+        calls[bool(plain.tool_calls)] += 1
+    assert calls[True] and calls[False], calls  # some answers call, some do not
+
+
+@pytest.mark.real_model
+def test_real_model_json_answer_is_exact_and_valid(default_engine):
+    """The default model asked for a JSON answer: plain decoding and SSR (every speculation path priced to pay)
+    write the same tokens, and the answer is JSON that follows the schema."""
+    from ssr import SSREngine
+    from ssr.costs import CostTable
+
+    flat = SSREngine(default_engine.backend, default_engine.tokenizer, family=default_engine.family,
+                     costs=CostTable.flat())
+    question = [{"role": "user", "content": "Give the weather request for Oslo, in celsius, for 3 days, as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}
+    cfg = dict(max_think_tokens=48, max_tokens=160, draft_start=8)
+    plain = default_engine.generate(question, response_format=fmt, config=SSRConfig(enabled=False, **cfg))
+    ssr = flat.generate(question, response_format=fmt, config=SSRConfig(**cfg))
+    assert ssr.token_ids == plain.token_ids
+    assert plain.finish_reason == "stop", plain.answer
+    validate(json.loads(plain.answer), SCHEMA)
+    assert ssr.stats["forward_passes"] < plain.stats["forward_passes"]
