@@ -101,6 +101,22 @@ def test_bfcl_loader_converts_schemas():
     assert it["messages"][0]["role"] == "user" and it["ground_truth"]
 
 
+@needs_bfcl
+def test_bfcl_auto_items_and_scoring():
+    """tool_choice "auto": parallel and no-call categories join; a parallel item's calls match in any order, and a
+    no-call item is right only without a call."""
+    items = suites.load_suite("bfcl-auto")
+    assert {it["category"] for it in items} == set(suites.BFCL_AUTO_CATEGORIES)
+    assert all(it["tool_choice"] == "auto" and it["suite"] == "bfcl-auto" for it in items)
+    irrelevant = next(it for it in items if it["category"] == "irrelevance")
+    assert scoring.score_bfcl(irrelevant, [])["score"] == 1.0
+    assert scoring.score_bfcl(irrelevant, [{"name": "x", "arguments": {}}])["score"] == 0.0
+    parallel = next(it for it in items if it["category"] == "parallel")
+    calls = scoring.bfcl_reference_calls(parallel["ground_truth"])
+    assert len(calls) > 1 and scoring.score_bfcl(parallel, calls[::-1])["score"] == 1.0
+    assert scoring.score_bfcl(parallel, calls[:1])["score"] == 0.0
+
+
 def test_bfcl_schema_conversion_nested():
     schema = {"type": "dict", "properties": {"a": {"type": "float"}, "b": {"type": "tuple", "items": {"type": "dict",
               "properties": {"c": {"type": "any"}}}}}, "required": ["a"]}

@@ -105,9 +105,10 @@ def _whole_from_draft(record: dict[str, Any]) -> float | None:
 
 
 def mismatches(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Outputs that differ from plain decoding, except the replay peers' expected divergence at forced text."""
+    """Outputs that differ from plain decoding, except the replay peers' expected divergence at forced text (and
+    ``bare``, which decodes another prompt by design)."""
     return [r for r in latest(records) if r.get("identical_to_plain") is False
-            and not r.get("diverged_at_forced_text")]
+            and not r.get("diverged_at_forced_text") and r.get("method") != "bare"]
 
 
 def forced_divergences(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -335,7 +335,9 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         record["forward_passes"] = outcome.stats.get("forward_passes")
     else:
         record.update(summarize_stats(outcome.stats))
-    if plain is not None and method != M.PLAIN:
+    if plain is not None and method == M.BARE:  # another prompt by design: a quality reference, never identical
+        record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None
+    elif plain is not None and method != M.PLAIN:
         diff = first_difference(outcome.token_ids, plain["token_ids"])
         record["identical_to_plain"] = diff is None
         record["first_difference"] = diff
