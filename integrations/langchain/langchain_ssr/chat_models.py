@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import hashlib
 import json
 import re
 import threading
@@ -50,7 +49,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from ssr import SSRConfig
-from ssr.settings import REASONING_EFFORT_BUDGETS, normalise_settings
+from ssr.settings import REASONING_EFFORT_BUDGETS, backend_kwargs, normalise_settings
 
 try:
     from langchain_core.language_models.model_profile import ModelProfile
@@ -64,7 +63,6 @@ API_KEY_ENV = "SSR_API_KEY"
 
 
 # the backends that talk to a server: ``api_key``, ``timeout`` and ``max_retries`` are theirs
-_SERVER_BACKENDS = frozenset({"vllm-server"})
 
 # names users type for the most tokens to generate (OpenAI: max_tokens / max_completion_tokens, Ollama: num_predict)
 _MAX_TOKENS_ALIASES = ("max_tokens", "max_completion_tokens", "num_predict")
@@ -85,14 +83,6 @@ _engine_lock = threading.Lock()
 _tokenizers: dict[str, tuple[Any, Any]] = {}
 _configs: dict[str, Any] = {}
 _model_files_lock = threading.RLock()
-
-
-class _ApiKey(str):
-    """The API key as text for the backend, with a ``repr`` that shows only a digest: the engine registry keys
-    engines by ``repr`` of their backend arguments, so different keys stay different engines and no key is shown."""
-
-    def __repr__(self) -> str:
-        return f"<api key sha256:{hashlib.sha256(self.encode()).hexdigest()[:12]}>"
 
 
 def _model_dir(model: str | None) -> str | None:
@@ -389,15 +379,7 @@ class ChatSSR(BaseChatModel):
 
     def _backend_kwargs(self) -> dict[str, Any]:
         """``backend_kwargs`` plus, for a server backend, the API key, timeout and retries."""
-        kwargs = dict(self.backend_kwargs or {})
-        if self.backend in _SERVER_BACKENDS:
-            if self.api_key is not None and self.api_key.get_secret_value():
-                kwargs.setdefault("api_key", _ApiKey(self.api_key.get_secret_value()))
-            if self.timeout is not None:
-                kwargs.setdefault("timeout", self.timeout)
-            if self.max_retries is not None:
-                kwargs.setdefault("max_retries", self.max_retries)
-        return kwargs
+        return backend_kwargs(self.backend, self.backend_kwargs, self.api_key, self.timeout, self.max_retries)
 
     def _get_engine(self, model: str | None = None) -> Any:
         """The engine for this model (loaded on first use; ``model`` overrides the configured model)."""

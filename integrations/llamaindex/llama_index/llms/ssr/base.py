@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import hashlib
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Union
@@ -27,7 +26,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from ssr import SSRConfig
-from ssr.settings import REASONING_EFFORT_BUDGETS, normalise_settings
+from ssr.settings import REASONING_EFFORT_BUDGETS, backend_kwargs, normalise_settings
 
 from .utils import (
     StreamAccumulator,
@@ -49,7 +48,6 @@ API_KEY_ENV = "SSR_API_KEY"
 """The environment variable ``SSR.api_key`` is read from (the ``vllm-server`` backend's key)."""
 
 
-_SERVER_BACKENDS = frozenset({"vllm-server"})  # the backends that take api_key, timeout and max_retries
 _MAX_TOKENS_ALIASES = ("max_tokens", "num_output")  # num_output: LlamaIndex's LLMMetadata name for it
 
 # the model's tokenizer and config, loaded without weights once per model (token counting, metadata)
@@ -61,14 +59,6 @@ _model_files_lock = threading.RLock()
 def _api_key_from_env() -> Optional[SecretStr]:
     value = os.environ.get(API_KEY_ENV)
     return SecretStr(value) if value else None
-
-
-class _ApiKey(str):
-    """The API key as text for the backend, with a ``repr`` that shows only a digest: the engine registry keys
-    engines by ``repr`` of their backend arguments, so different keys stay different engines and no key is shown."""
-
-    def __repr__(self) -> str:
-        return f"<api key sha256:{hashlib.sha256(self.encode()).hexdigest()[:12]}>"
 
 
 def _model_config(model: Optional[str]) -> Any:
@@ -227,15 +217,7 @@ class SSR(FunctionCallingLLM):
 
     def _backend_kwargs(self) -> Dict[str, Any]:
         """``backend_kwargs`` plus, for a server backend, the API key, timeout and retries."""
-        kwargs = dict(self.backend_kwargs)
-        if self.backend in _SERVER_BACKENDS:
-            if self.api_key is not None and self.api_key.get_secret_value():
-                kwargs.setdefault("api_key", _ApiKey(self.api_key.get_secret_value()))
-            if self.timeout is not None:
-                kwargs.setdefault("timeout", self.timeout)
-            if self.max_retries is not None:
-                kwargs.setdefault("max_retries", self.max_retries)
-        return kwargs
+        return backend_kwargs(self.backend, self.backend_kwargs, self.api_key, self.timeout, self.max_retries)
 
     @property
     def engine(self) -> Any:
