@@ -21,7 +21,7 @@ from .backends.base import Backend
 from .chat import ChatFamily
 from .config import SSRConfig
 from .drafts import DraftLanes
-from .grammar import Constraint, Grammars
+from .grammar import Constraint, Grammar
 from .policy import SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
 from .stats import RequestCounts, Speculation, request_stats
@@ -35,14 +35,14 @@ class Request:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  policy: SpeculationPolicy, thinking: bool = True, cancel: threading.Event | None = None,
                  tools: list[dict] | None = None, answer_opening: str = "",
-                 grammar: tuple[Grammars, str] | None = None) -> None:
+                 grammar: Grammar | None = None) -> None:
         self.backend, self.tokenizer, self.config, self.policy = backend, tokenizer, config, policy
         self.prompt_ids = list(prompt_ids)
         self.cancel = cancel or threading.Event()
         self.sampler = Sampler(config)
         self.transcript = Transcript(tokenizer, family, config, backend.eos_token_ids, thinking=thinking,
                                      answer_opening=answer_opening)
-        self.grammar = grammar  # (grammars, grammar text): part of the decoding rule, applied by every lane
+        self.grammar = grammar  # part of the decoding rule, applied by every lane
         self.constraint: Constraint | None = None  # the answer's parser state, from the end of thinking on
         self.counts = RequestCounts()
         self.suffix = self._suffix_sources() if config.enabled else None
@@ -213,8 +213,7 @@ class Request:
         if self.grammar is None or t.answer_start is None:
             return rows
         if self.constraint is None:
-            grammars, text = self.grammar
-            self.constraint = grammars.constraint(text, before=t.answer_residual)
+            self.constraint = self.grammar.constraint(before=t.answer_residual)
         return self.constraint.rows(rows, t.answer_tokens, proposal)
 
     def _step(self, feeds, want, phase: str) -> dict[int, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from .accept import Sampler, verify
 from .backends.base import Backend
 from .config import SSRConfig
-from .grammar import Constraint, Grammars
+from .grammar import Constraint, Grammar
 from .proposals import Context, Proposal, SuffixSources, tail_of
 from .stats import Speculation
 
@@ -47,7 +47,7 @@ class DraftLanes:
     """Every draft of one request: forks, per-step feeds, verification of their proposals, retirement."""
 
     def __init__(self, backend: Backend, config: SSRConfig, sampler: Sampler, transcript, suffix: SuffixSources | None,
-                 grammar: tuple[Grammars, str] | None = None) -> None:
+                 grammar: Grammar | None = None) -> None:
         self.backend, self.config, self.sampler, self.transcript = backend, config, sampler, transcript
         self.suffix, self.grammar = suffix, grammar
         self.all: list[Draft] = []
@@ -73,8 +73,7 @@ class DraftLanes:
         draft = Draft(index=len(self.all), budget=t.think_tokens, lane=self.backend.fork(parent),
                       feed=pending + t.close_ids, head=tail_of(head, t.close_ids))
         if self.grammar is not None:
-            grammars, text = self.grammar
-            draft.constraint = grammars.constraint(text, before=t.answer_residual_of(t.close_ids))
+            draft.constraint = self.grammar.constraint(before=t.answer_residual_of(t.close_ids))
         if boot:
             draft.proposal = Proposal(list(boot), "bootstrap", 0, list(previous.probs[: len(boot)]))
         self.all.append(draft)

@@ -11,7 +11,7 @@ from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_promp
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Request
-from .grammar import Grammars, check_tool_choice, json_grammar, response_schema, tool_call_grammar
+from .grammar import Grammar, Grammars, check_tool_choice, json_grammar, response_schema, tool_call_grammar
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
@@ -77,7 +77,7 @@ class SSREngine:
                        grammar=grammar)
 
     def _grammar(self, response_format: dict | None, tools: list[dict] | None,
-                 tool_choice: str | None) -> tuple[Grammars, str] | None:
+                 tool_choice: str | None) -> Grammar | None:
         """The grammar the answer must follow: the response format's JSON schema, or the bound tools' calls."""
         schema = response_schema(response_format)
         calls = bool(tools) and tool_choice != "none"
@@ -90,8 +90,7 @@ class SSREngine:
         text = json_grammar(schema) if schema is not None else tool_call_grammar(
             tools, tool_choice, family.tool_call_open, family.tool_call_close,
             special_markers=grammars.is_special(family.tool_call_open))
-        grammars.check(text)
-        return grammars, text
+        return grammars.compile(text)
 
     def grammars(self) -> Grammars:
         """Grammar support, built on first use (the tokenizer's conversion takes seconds for a 150k vocabulary);

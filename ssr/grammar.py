@@ -127,8 +127,8 @@ class _TokenBytes:
 
 
 class Grammars:
-    """One engine's grammar support: the tokenizer converted once (a few seconds for 151k tokens), then a matcher
-    per lane from a grammar's text."""
+    """One engine's grammar support: the tokenizer converted once (a few seconds for 151k tokens), then grammars
+    compiled from their text, once per request."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids) -> None:
         import llguidance
@@ -144,17 +144,27 @@ class Grammars:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return len(ids) == 1 and self.ll_tokenizer.is_special_token(ids[0])
 
-    def check(self, grammar: str) -> None:
-        """A clear error for a grammar (a schema) llguidance cannot use, before any lane is taken."""
-        error = self._llg.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
-        if error:
-            raise ValueError(f"cannot constrain the answer to this schema: {error}")
-
-    def constraint(self, grammar: str, before: str = "") -> "Constraint":
-        """A matcher for one lane whose constrained text starts with ``before`` (what the end of thinking left)."""
+    def compile(self, grammar: str) -> "Grammar":
+        """``grammar`` compiled for this vocabulary; a clear error for one (a schema) llguidance cannot use, before
+        any lane is taken."""
         matcher = self._llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
-        constraint = Constraint(self, matcher)
-        constraint.take(self.tokenizer.encode(before, add_special_tokens=False) if before else [])
+        if matcher.is_error():
+            raise ValueError(f"cannot constrain the answer to this schema: {matcher.get_error()}")
+        return Grammar(self, matcher)
+
+
+@dataclass
+class Grammar:
+    """One request's compiled grammar: a pristine matcher that every lane copies (a copy costs microseconds, a
+    compile up to a millisecond)."""
+
+    grammars: Grammars
+    template: Any
+
+    def constraint(self, before: str = "") -> "Constraint":
+        """A matcher for one lane whose constrained text starts with ``before`` (what the end of thinking left)."""
+        constraint = Constraint(self.grammars, self.template.deep_copy())
+        constraint.take(self.grammars.tokenizer.encode(before, add_special_tokens=False) if before else [])
         return constraint
 
 

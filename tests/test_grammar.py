@@ -32,8 +32,7 @@ def qwen():
 
 def _follows(qwen, grammar: str, text: str, before: str = "") -> bool:
     tokenizer, grammars = qwen
-    grammars.check(grammar)
-    constraint = grammars.constraint(grammar, before)
+    constraint = grammars.compile(grammar).constraint(before)
     constraint.sync(tokenizer.encode(text, add_special_tokens=False))
     return constraint.broken is None
 
@@ -73,7 +72,7 @@ def test_response_formats():
 
 def test_padding_ids_are_never_allowed_and_a_verify_walk_leaves_no_trace(qwen):
     tokenizer, grammars = qwen
-    constraint = grammars.constraint(json_grammar(SCHEMA))
+    constraint = grammars.compile(json_grammar(SCHEMA)).constraint()
     answer = tokenizer.encode('{"city": "Pa', add_special_tokens=False)
     proposal = tokenizer.encode('ris", "unit": "c', add_special_tokens=False)
     rows = constraint.rows(torch.zeros(len(proposal) + 1, 151936), answer, proposal)
