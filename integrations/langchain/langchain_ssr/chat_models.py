@@ -49,6 +49,8 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from ssr import SSRConfig
+from ssr.models import context_window as context_window_of
+from ssr.models import model_config, tokenizer_and_family
 from ssr.settings import REASONING_EFFORT_BUDGETS, backend_kwargs, normalise_settings
 
 try:
@@ -78,59 +80,6 @@ _SKIPPED_BLOCKS = frozenset({"reasoning", "thinking", "redacted_thinking", "tool
                              "server_tool_result", "function_call"})
 
 _engine_lock = threading.Lock()
-
-# the model's tokenizer and config, loaded without weights once per model for token counting and the profile
-_tokenizers: dict[str, tuple[Any, Any]] = {}
-_configs: dict[str, Any] = {}
-_model_files_lock = threading.RLock()
-
-
-def _model_dir(model: str | None) -> str | None:
-    """The model's local directory (or cached hub name) if it is there now; the embedded default is not built."""
-    from ssr.models import EMBEDDED_MODELS, cache_dir, canonical_name, resolve_model
-
-    name = canonical_name(model)
-    if name in EMBEDDED_MODELS:
-        target = cache_dir() / name
-        return str(target) if (target / "config.json").exists() else None
-    try:
-        return resolve_model(model)
-    except ValueError:
-        return None
-
-
-def _model_config(model: str | None) -> Any:
-    """The model's transformers config (``AutoConfig``, offline; no weights), or None if it is not on disk yet."""
-    path = _model_dir(model)
-    if path is None:
-        return None
-    with _model_files_lock:
-        if path not in _configs:
-            from transformers import AutoConfig
-
-            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
-        return _configs[path]
-
-
-def _context_window(config: Any) -> int | None:
-    """The context window a model config declares (``max_position_embeddings``, of the text model if nested)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
-def _model_tokenizer(model: str | None) -> tuple[Any, Any]:
-    """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them."""
-    key = _canonical_name(model)
-    with _model_files_lock:
-        if key not in _tokenizers:
-            from ssr.chat import detect_family
-            from ssr.models import load_tokenizer
-
-            tokenizer = load_tokenizer(model)  # the embedded default is converted first if it never was
-            config = _model_config(model)
-            _tokenizers[key] = (tokenizer, detect_family(tokenizer, getattr(config, "model_type", None)))
-        return _tokenizers[key]
 
 
 def _accepted_arguments(cls: type) -> frozenset[str]:
@@ -506,7 +455,7 @@ class ChatSSR(BaseChatModel):
         engine = self.engine if self.engine is not None else self._loaded
         if engine is not None:
             return engine.tokenizer, engine.family
-        return _model_tokenizer(self.model)
+        return tokenizer_and_family(self.model)
 
     def get_token_ids(self, text: str) -> list[int]:
         """The model's token ids for ``text`` (no special tokens added; offline, no weights loaded)."""
@@ -538,8 +487,8 @@ class ChatSSR(BaseChatModel):
         if engine is not None:
             context_window = engine.context_window
         else:
-            config = _model_config(self.model)
-            context_window = _context_window(config) if config is not None else None
+            config = model_config(self.model, build=False)  # building a ChatSSR never converts the model
+            context_window = context_window_of(config) if config is not None else None
         base = self.ssr_config or (engine.config if engine is not None else SSRConfig())
         profile = ModelProfile(
             name=self.model_name,

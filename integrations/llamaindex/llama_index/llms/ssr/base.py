@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import os
-import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Union
 
 from llama_index.core.base.llms.types import (
@@ -26,6 +25,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from ssr import SSRConfig
+from ssr.models import context_window as context_window_of
+from ssr.models import model_config, tokenizer_and_family
 from ssr.settings import REASONING_EFFORT_BUDGETS, backend_kwargs, normalise_settings
 
 from .utils import (
@@ -50,51 +51,9 @@ API_KEY_ENV = "SSR_API_KEY"
 
 _MAX_TOKENS_ALIASES = ("max_tokens", "num_output")  # num_output: LlamaIndex's LLMMetadata name for it
 
-# the model's tokenizer and config, loaded without weights once per model (token counting, metadata)
-_tokenizers: Dict[str, Any] = {}
-_configs: Dict[str, Any] = {}
-_model_files_lock = threading.RLock()
-
-
 def _api_key_from_env() -> Optional[SecretStr]:
     value = os.environ.get(API_KEY_ENV)
     return SecretStr(value) if value else None
-
-
-def _model_config(model: Optional[str]) -> Any:
-    """The model's transformers config (``AutoConfig``, offline; no weights). Builds the embedded default if it
-    was never converted (as loading it would)."""
-    from ssr.models import resolve_model
-
-    path = resolve_model(model)
-    with _model_files_lock:
-        if path not in _configs:
-            from transformers import AutoConfig
-
-            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
-        return _configs[path]
-
-
-def _context_window(config: Any) -> Optional[int]:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
-def _model_tokenizer(model: Optional[str]) -> Any:
-    """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them."""
-    from ssr.models import canonical_name
-
-    key = canonical_name(model)
-    with _model_files_lock:
-        if key not in _tokenizers:
-            from ssr.chat import detect_family
-            from ssr.models import load_tokenizer
-
-            tokenizer = load_tokenizer(model)
-            family = detect_family(tokenizer, getattr(_model_config(model), "model_type", None))
-            _tokenizers[key] = (tokenizer, family)
-        return _tokenizers[key]
 
 
 def _to_completion(response: ChatResponse) -> CompletionResponse:
@@ -243,7 +202,7 @@ class SSR(FunctionCallingLLM):
         else:
             from ssr.models import canonical_name
 
-            context_window = _context_window(_model_config(self.model))
+            context_window = context_window_of(model_config(self.model))
             name, config = canonical_name(self.model), self.ssr_config or SSRConfig()
         return LLMMetadata(
             context_window=context_window or LLMMetadata.model_fields["context_window"].default,
@@ -259,7 +218,7 @@ class SSR(FunctionCallingLLM):
         engine = self._engine
         if engine is not None and getattr(engine, "tokenizer", None) is not None:
             return engine.tokenizer, engine.family
-        return _model_tokenizer(self.model)
+        return tokenizer_and_family(self.model)
 
     @property
     def tokenizer(self) -> Any:
