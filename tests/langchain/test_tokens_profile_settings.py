@@ -15,7 +15,7 @@ from langchain_core.load import dumpd, dumps, load
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from servers import TcpServer, blocked_network, call_with_deadline, free_port
+from servers import TcpServer, call_with_deadline, free_port
 
 import ssr
 import ssr.models
@@ -57,24 +57,6 @@ def engine(tokenizer):
     from scripted import scripted_engine
 
     return scripted_engine(tokenizer, CONFIG)
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """No network (sockets refused, every attempt recorded: one that a library caught still fails the test), the
-    adapter's tokenizer and config caches emptied so that they load inside the block, and no engine may load
-    (counting needs no weights)."""
-    pytest.importorskip("pytest_socket")
-
-    def no_engine(*args, **kwargs):
-        raise AssertionError("an engine (the model's weights) was loaded")
-
-    monkeypatch.setattr(ssr.models, "_tokenizers", {})
-    monkeypatch.setattr(ssr.models, "_configs", {})
-    monkeypatch.setattr(ssr, "get_engine", no_engine)
-    with blocked_network() as attempts:
-        yield
-    assert attempts == [], f"network access was attempted: {attempts}"
 
 
 def scripted(engine, answer: str, reasoning: str = "Short thought.", **params) -> ChatSSR:

@@ -3,15 +3,13 @@ the server backend's key, timeout and retries, constructor checking, and the thi
 item 4).
 
 Counting and metadata run on the real default model's tokenizer and config; generation runs on a real
-``SSREngine`` over the scripted backend of the LangChain tests (``tests/langchain/scripted.py``, which needs only
-``ssr``); the server test talks to a real TCP server on 127.0.0.1 (``tests/langchain/servers.py``).
+``SSREngine`` over the scripted backend the adapter tests share (``tests/scripted.py``, which needs only
+``ssr``); the server test talks to a real TCP server on 127.0.0.1 (``tests/servers.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 from llama_index.core.base.llms.types import (
@@ -22,17 +20,13 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.tools import FunctionTool
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "langchain"))  # scripted.py, servers.py
-
-import ssr  # noqa: E402
-from llama_index.llms.ssr import SSR  # noqa: E402
-from llama_index.llms.ssr import base as ssr_base  # noqa: E402
-from llama_index.llms.ssr.utils import resolve_tool_choice, to_engine_messages, tool_to_openai  # noqa: E402
-from servers import TcpServer, blocked_network, call_with_deadline  # noqa: E402
-from ssr import SSRConfig  # noqa: E402
-from ssr.backends.vllm_server import SSRBackendTimeout  # noqa: E402
-from ssr.chat import THINK_INSTRUCTION  # noqa: E402
+from llama_index.llms.ssr import SSR
+from llama_index.llms.ssr import base as ssr_base
+from llama_index.llms.ssr.utils import resolve_tool_choice, to_engine_messages, tool_to_openai
+from servers import TcpServer, call_with_deadline
+from ssr import SSRConfig
+from ssr.backends.vllm_server import SSRBackendTimeout
+from ssr.chat import THINK_INSTRUCTION
 
 CONFIG = SSRConfig(max_think_tokens=64, draft_start=4, max_tokens=256)
 KEY = "sk-ssr-test-llamaindex-90ab"
@@ -66,22 +60,6 @@ def engine(tokenizer):
     from scripted import scripted_engine
 
     return scripted_engine(tokenizer, CONFIG)
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """No network (every attempt recorded), the tokenizer/config caches emptied, and no engine may load."""
-    pytest.importorskip("pytest_socket")
-
-    def no_engine(*args, **kwargs):
-        raise AssertionError("an engine (the model's weights) was loaded")
-
-    monkeypatch.setattr(ssr.models, "_tokenizers", {})
-    monkeypatch.setattr(ssr.models, "_configs", {})
-    monkeypatch.setattr(ssr, "get_engine", no_engine)
-    with blocked_network() as attempts:
-        yield
-    assert attempts == [], f"network access was attempted: {attempts}"
 
 
 def user(text: str) -> list[ChatMessage]:
