@@ -126,6 +126,7 @@ def cache_key(backend, **grid) -> str:
     """File name of ``backend``'s cached table: readable model name plus a hash of everything the costs depend on."""
     fields = {"model": backend.model_name, "backend": f"{type(backend).__module__}.{type(backend).__qualname__}",
               "dtype": str(getattr(backend, "dtype", None)), "device": str(getattr(backend, "device", None)),
+              "kernels": getattr(backend, "cost_version", None),  # a backend whose step code changed re-measures
               **machine(), "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(grid.items())}}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
     slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(backend.model_name))[-60:]

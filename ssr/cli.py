@@ -1,9 +1,11 @@
 """The ``ssr`` command: ``ssr chat "question"`` streams a reasoning chat with SSR; ``ssr calibrate`` measures this
-machine's step costs; ``ssr bench`` runs benchmarks."""
+machine's step costs; ``ssr serve`` serves a model over an OpenAI-compatible HTTP API; ``ssr bench`` runs
+benchmarks."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -16,7 +18,7 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
     d = SSRConfig()
     parser.add_argument("--model", default=None, help="model name or local directory (default: the embedded "
                                                       "Qwen2.5-Coder-0.5B-Instruct)")
-    parser.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server")
+    parser.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server | llama.cpp")
     parser.add_argument("--max-think-tokens", type=int, default=d.max_think_tokens)
     parser.add_argument("--min-think-tokens", type=int, default=d.min_think_tokens)
     parser.add_argument("--draft-start", type=int, default=d.draft_start)
@@ -116,6 +118,22 @@ def calibrate(args) -> int:
     return 0
 
 
+def serve(args) -> int:
+    """Serve the model over an OpenAI-compatible HTTP API until interrupted (Ctrl-C)."""
+    try:
+        import uvicorn
+
+        from .serve import run
+        del uvicorn  # only its presence is checked here
+    except ImportError as exc:
+        raise SystemExit(f"ssr serve needs the serve extra: pip install \"ssr[serve]\" ({exc})") from None
+    run(model=args.model, backend=args.backend, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get("SSR_API_KEY") or None, config=_config(args),
+        served_model_name=args.served_model_name, timeout=args.timeout, max_queue=args.max_queue,
+        max_running=args.max_running, log_level=args.log_level)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ssr", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -127,8 +145,20 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=chat)
     p = commands.add_parser("calibrate", help="measure this machine's step costs (and linear kernels) for a model")
     p.add_argument("--model", default=None, help="model name or local directory (default: the embedded model)")
-    p.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server")
+    p.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server | llama.cpp")
     p.set_defaults(func=calibrate)
+    p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (chat completions, streaming, tools)")
+    _config_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                                                   "$SSR_API_KEY; none: no key)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the engine's)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds a request may take, queue included (408)")
+    p.add_argument("--max-queue", type=int, default=None, help="requests that may wait to start (503 past it)")
+    p.add_argument("--max-running", type=int, default=None, help="requests decoded together")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=serve)
     try:
         from .bench.cli import add_parser
     except ImportError:  # the bench extra is not installed

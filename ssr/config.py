@@ -42,6 +42,7 @@ class SSRConfig:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    draft_support: int = 64  # sampling: a draft token's proposal distribution is its top-K, renormalised (exact)
     # tool calls: schema-aware proposals where bound tools' JSON schemas fix the next text
     schema_proposals: bool = True
     # bound tools' calls follow a grammar (bound names, schema-valid arguments); a decoding rule, so plain decoding
@@ -78,6 +79,7 @@ class SSRConfig:
         need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        need(self.draft_support >= 1, f"draft_support must be >= 1, got {self.draft_support}")
         need(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop}")
 
     @property

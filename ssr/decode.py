@@ -1,6 +1,8 @@
 """One request, decoded the SSR way: think (speculating, with draft lanes in the same batched pass), then answer.
 
-Every step is one backend pass over the request's lanes. The thinking lane and the answer verify proposals from the
+Every step is one backend pass over the request's lanes. ``Request.run`` is a generator: it yields a ``Step`` (the
+lanes' feeds) where it needs a pass and is sent the logits back, so the engine's scheduler (``ssr.scheduler``) can
+put the steps of every live request into one pass. The thinking lane and the answer verify proposals from the
 suffix index (and the newest draft, and the tools' schemas) exactly: greedy keeps the longest prefix the model's
 argmax agrees with, sampling uses speculative sampling. Each accepted token then goes through the transcript one
 by one, so budget forcing, "Wait" continuations, stop strings, EOS and a required call's rules decide the output
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Generator, Iterator
 
 import torch
 
@@ -21,14 +24,24 @@ from .backends.base import Backend
 from .chat import ChatFamily
 from .config import SSRConfig
 from .drafts import DraftLanes
+from .errors import Cancelled
 from .grammar import Constraint, Grammar
-from .policy import SpeculationPolicy
+from .policy import ALONE, Shared, SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
 from .stats import RequestCounts, Speculation, request_stats
 from .transcript import CLOSED, CONTINUE, FINISHED, MARKER_WINDOW, REWOUND, Transcript
 
-class Cancelled(Exception):
-    """The caller stopped the request; its lanes are already free."""
+@dataclass
+class Step:
+    """One backend pass a request asks for: ``feeds`` and ``want`` as ``Backend.step`` takes them."""
+
+    feeds: dict[int, list[int]]
+    want: dict[int, int]
+    phase: str  # "prefill", "think" or "answer"
+
+
+Event = tuple[str, str]  # ("reasoning" | "answer", final text delta)
+Run = Generator["Step | Event", "dict[int, torch.Tensor] | None", None]
 
 
 class Request:
@@ -54,6 +67,8 @@ class Request:
         self.synced = 0  # lane_tokens[:synced] == transcript.tokens[:synced]
         self.reused = 0  # prompt tokens whose cache came from the previous request
         self._streamed = ["", ""]
+        self.window_cap: int | None = None  # max_tokens the context window allows (set by the engine)
+        self.shared: Shared = ALONE  # what other requests put in the last pass (set by the scheduler)
 
     def _suffix_sources(self) -> SuffixSources | None:
         cfg = self.config
@@ -64,50 +79,55 @@ class Request:
         return suffix
 
     # -- the loop ------------------------------------------------------------------------------------------------------
-    def run(self) -> Iterator[tuple[str, str]]:
-        """Yield ("reasoning" | "answer", delta) as text becomes final; frees every lane on exit."""
+    def run(self) -> Run:
+        """Yield a ``Step`` where a pass is needed (send its logits back) and ("reasoning" | "answer", delta) as
+        text becomes final; frees the request's lanes on exit (a finished request parks its thinking lane)."""
         self.counts.start = time.perf_counter()
         try:
             self.lane = self.backend.new_lane(self.prompt_ids)
             self.reused = min(self.backend.length(self.lane), len(self.prompt_ids) - 1)  # re-feed >= 1 token
             self.backend.truncate(self.lane, self.reused)
-            status = self._prefill()
+            status = yield from self._prefill()
             yield from self._deltas()
             while status != FINISHED:
                 if self.cancel.is_set():
                     raise Cancelled("request cancelled")
-                status = self._think_step() if self.transcript.thinking else self._answer_step()
+                status = yield from (self._think_step() if self.transcript.thinking else self._answer_step())
                 yield from self._deltas()
             drafts = self.drafts.all
             self.policy.counts.record_drafts(sum(len(d.tokens) for d in drafts),
                                              sum(d.accepted_prefix + d.accepted_suffix for d in drafts))
-            self.backend.park(self.lane)  # an agent's next step may extend this conversation
         finally:
-            if self.transcript.finish is None:  # cancelled or failed: nothing worth keeping
-                self.backend.release_all()
-            self.drafts.live.clear()
+            self.drafts.drop_probs()
+            self.drafts.retire_all()
+            if self.lane is not None:
+                if self.transcript.finish is not None:
+                    self.backend.park(self.lane)  # an agent's next step may extend this conversation
+                else:  # cancelled or failed: nothing worth keeping
+                    self.backend.release(self.lane)
+                self.lane = None
 
-    def _prefill(self) -> str:
+    def _prefill(self):
         forced = self.transcript.tokens  # a forced answer opening when there is no thinking phase
-        logits = self._step({self.lane: self.prompt_ids[self.reused:] + forced}, {self.lane: 1}, "prefill")
+        logits = yield from self._step({self.lane: self.prompt_ids[self.reused:] + forced}, {self.lane: 1}, "prefill")
         rows = self._constrained(logits[self.lane], [])
         return self._after(self._accept(Proposal([], "none"), rows, Speculation()))
 
-    def _think_step(self) -> str:
+    def _think_step(self):
         self._maybe_fork()
         rows = 1 + len(self.drafts.live)
         proposal = self._proposal(rows, [self.suffix] if self.suffix and self.config.think_speculation else [])
         feeds, want = self._lane_feed(proposal)
         draft_feeds, draft_want = self.drafts.feeds(len(feeds[self.lane]))
-        out = self._step({**feeds, **draft_feeds}, {**want, **draft_want}, "think")
+        out = yield from self._step({**feeds, **draft_feeds}, {**want, **draft_want}, "think")
         status = self._accept(proposal, out[self.lane], self.counts.think)
         self.drafts.advance(out)  # before a close retires them: this pass wrote their tokens too
         return self._after(status)
 
-    def _answer_step(self) -> str:
+    def _answer_step(self):
         proposal = self._proposal(1, [p for p in (self.prefix, self.schema, self.suffix) if p is not None])
         feeds, want = self._lane_feed(proposal)
-        rows = self._step(feeds, want, "answer")[self.lane]
+        rows = (yield from self._step(feeds, want, "answer"))[self.lane]
         rows = self._constrained(rows, proposal.tokens)
         return self._after(self._accept(proposal, rows, self.counts.answer))
 
@@ -123,7 +143,8 @@ class Request:
         found = first_proposal(proposers, context, room - 1) if proposers else None
         if found is None:
             return Proposal([], "none")
-        return found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens)))
+        return found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens),
+                                                     self.shared))
 
     def _lane_feed(self, proposal: Proposal) -> tuple[dict[int, list[int]], dict[int, int]]:
         """The lane's feed: transcript tokens its cache lacks, then the proposal; one row per proposed token + 1."""
@@ -216,9 +237,9 @@ class Request:
             self.constraint = self.grammar.constraint(before=t.answer_residual)
         return self.constraint.rows(rows, t.answer_tokens, proposal)
 
-    def _step(self, feeds, want, phase: str) -> dict[int, torch.Tensor]:
+    def _step(self, feeds, want, phase: str):
         t0 = time.perf_counter()
-        out = self.backend.step(feeds, want)
+        out = yield Step(feeds, want, phase)
         self.counts.seconds[phase] += time.perf_counter() - t0
         self.counts.forward_passes += 1
         if phase != "prefill":
@@ -232,7 +253,7 @@ class Request:
         replacing = len(self.drafts.live) >= self.config.max_drafts
         rows = 1 + len(self.drafts.live) - replacing
         t = self.transcript
-        if not self.policy.fork_pays(rows, think_speculation=self.config.think_speculation):
+        if not self.policy.fork_pays(rows, think_speculation=self.config.think_speculation, shared=self.shared):
             self.counts.forks_declined += 1
             self.drafts.declined_at = t.think_tokens  # ask again only a whole interval later
             return
@@ -246,6 +267,8 @@ class Request:
             at = self._align(usable[-1].tokens)
             if at is not None:
                 self.prefix = DraftPrefix(usable[-1], at, self.config.max_verify_tokens)
+        if self.prefix is None:  # no prefix stage will read the drafts' distributions
+            self.drafts.drop_probs()
         if self.suffix is not None and not self.config.suffix_decoding:
             self.suffix = None  # the ablation without suffix proposals in the answer
 

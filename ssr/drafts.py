@@ -5,6 +5,12 @@ speculates like every lane: the previous draft's tokens (bootstrap, verified und
 suffix proposals (text the thinking already wrote, the prompt) are verified under the draft's own distribution, so
 a draft that copies code from the thinking gets ahead by several tokens a pass. Drafts are proposals only: under
 sampling each draft token keeps the distribution it was drawn from, for the answer's speculative sampling.
+
+Memory is bounded by design: a draft lane samples (and verifies its own proposals) under its compact distribution
+(``ssr.accept.Compact``: the model's top-K, renormalised), which is all a token keeps, K * 8 bytes. Only the
+newest draft that wrote tokens keeps them at all (the next draft's bootstrap and the answer's prefix acceptance
+read it alone); the others drop theirs as soon as a newer draft writes, and the newest drops them once the answer
+no longer can use them.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accept import Sampler, verify
+from .accept import Sampler, nbytes, verify
 from .backends.base import Backend
 from .config import SSRConfig
 from .grammar import Constraint, Grammar
@@ -30,12 +36,19 @@ class Draft:
     head: list[int]  # the lane's last tokens before its own (thinking tail + end-of-thinking text), for matching
     proposal: Proposal | None = None  # what its next step verifies
     tokens: list[int] = field(default_factory=list)
-    probs: list[torch.Tensor | None] = field(default_factory=list)
+    probs: list = field(default_factory=list)  # per token, the ``Compact`` distribution it was drawn from (sampling)
+    prob_bytes: int = 0  # bytes ``probs`` holds
     bootstrapped: int = 0
     accepted_prefix: int = 0
     accepted_suffix: int = 0
     speculated: int = 0  # of its tokens, how many came from accepted proposals
     constraint: Constraint | None = None  # the request's grammar over this draft's answer
+
+    def drop_probs(self) -> None:
+        """Free the token distributions: nothing will verify this draft's tokens under sampling any more."""
+        if self.probs:
+            self.probs = []
+            self.prob_bytes = 0
 
     def record(self) -> dict:
         return {"budget": self.budget, "length": len(self.tokens), "accepted_prefix": self.accepted_prefix,
@@ -54,6 +67,12 @@ class DraftLanes:
         self.live: list[Draft] = []
         self.speculation = Speculation()  # the draft lanes' steps, proposals and accepted tokens
         self.declined_at: int | None = None  # thinking tokens when the cost model last declined a fork
+        self.probs_peak_bytes = 0  # the most bytes the drafts' distributions held at once
+
+    @property
+    def probs_held_bytes(self) -> int:
+        """Bytes the drafts' token distributions hold now."""
+        return sum(d.prob_bytes for d in self.all)
 
     def due(self) -> bool:
         """Whether the config asks for a new draft at this point of the thinking."""
@@ -74,8 +93,9 @@ class DraftLanes:
                       feed=pending + t.close_ids, head=tail_of(head, t.close_ids))
         if self.grammar is not None:
             draft.constraint = self.grammar.constraint(before=t.answer_residual_of(t.close_ids))
-        if boot:
-            draft.proposal = Proposal(list(boot), "bootstrap", 0, list(previous.probs[: len(boot)]))
+        if boot:  # without the draft's distributions (greedy) its tokens are point masses, exact all the same
+            probs = previous.probs[: len(boot)]
+            draft.proposal = Proposal(list(boot), "bootstrap", 0, probs if len(probs) == len(boot) else None)
         self.all.append(draft)
         self.live.append(draft)
         if self.suffix is not None:
@@ -104,7 +124,14 @@ class DraftLanes:
             rows = out[draft.lane]
             if draft.constraint is not None:
                 rows = draft.constraint.rows(rows, draft.tokens, proposal.tokens)
-            accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
+            if self.sampler.greedy:
+                accepted, token = verify(self.sampler, proposal.tokens, rows)
+                probs = []  # greedy keeps no distributions
+            else:  # draw (and accept proposals) under the compact distributions the tokens will keep
+                targets = self.sampler.compact(self.sampler.probs(rows))
+                accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs, targets=targets)
+                probs = targets[: accepted + 1]
+                del targets
             new = proposal.tokens[:accepted] + [token]
             self.speculation.add(len(proposal.tokens), accepted)
             if proposal.source == "bootstrap":
@@ -112,7 +139,7 @@ class DraftLanes:
             else:
                 draft.speculated += accepted
             self.backend.truncate(draft.lane, self.backend.length(draft.lane) - (len(proposal.tokens) - accepted))
-            probs = [None] * len(new) if self.sampler.greedy else list(self.sampler.probs(rows[: accepted + 1]))
+            del proposal  # a bootstrap's distributions (the previous draft's) are no longer needed by this lane
             self._append(draft, new, probs)
 
     def _append(self, draft: Draft, new: list[int], probs: list) -> None:
@@ -120,7 +147,13 @@ class DraftLanes:
         end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         end = min(end, self.config.max_draft_tokens - len(draft.tokens))
         draft.tokens += new[:end]
-        draft.probs += probs[:end]
+        # only the newest draft with tokens is read from now on (bootstrap, prefix acceptance): the others free theirs
+        if end and not self.sampler.greedy and not any(d.tokens for d in self.all[draft.index + 1:]):
+            draft.probs += probs[:end]
+            draft.prob_bytes += sum(nbytes(p) for p in probs[:end])
+            for older in self.all[: draft.index]:
+                older.drop_probs()
+            self.probs_peak_bytes = max(self.probs_peak_bytes, self.probs_held_bytes)
         draft.feed = [draft.tokens[-1]]
         if self.suffix is not None:
             self.suffix.extend(f"draft:{draft.index}", new[:end])
@@ -145,5 +178,16 @@ class DraftLanes:
             self.live.remove(draft)
 
     def retire_all(self) -> None:
+        """The thinking ended: every lane goes. Only the newest draft with tokens keeps its distributions, for the
+        answer's prefix acceptance, and none does where that is off."""
         for draft in list(self.live):
             self.retire(draft)
+        usable = [d for d in self.all if d.tokens]
+        for draft in self.all:
+            if not self.config.prefix_accept or not usable or draft is not usable[-1]:
+                draft.drop_probs()
+
+    def drop_probs(self) -> None:
+        """Free every draft's distributions (the answer is done with the drafts)."""
+        for draft in self.all:
+            draft.drop_probs()

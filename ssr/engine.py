@@ -1,4 +1,7 @@
-"""SSREngine: the public API. Prompts in, reasoning + answer + exact token ids + stats out; sync, async, streaming."""
+"""SSREngine: the public API. Prompts in, reasoning + answer + exact token ids + stats out; sync, async, streaming.
+
+Requests from any number of threads and event loops run together: the engine's scheduler (``ssr.scheduler``)
+steps every live request's lanes in one backend pass."""
 
 from __future__ import annotations
 
@@ -15,22 +18,28 @@ from .grammar import Grammar, Grammars, check_tool_choice, json_grammar, respons
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
+from .scheduler import Scheduler
 from .toolstream import ToolCallStream
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
 class SSREngine:
-    """One loaded model and its backend; requests run one at a time on it (a lock guards the backend)."""
+    """One loaded model and its backend, and the scheduler that runs every request on it.
+
+    ``max_queue`` bounds the requests waiting to start (``ssr.errors.QueueFull`` past it), ``max_running`` the
+    requests stepped together, ``prefill_chunk`` the prompt tokens a new request prefills per pass while others
+    decode. ``close()`` (or ``with SSREngine(...)``) ends every request and frees the model's lanes."""
 
     def __init__(self, backend, tokenizer, config: SSRConfig | None = None, family: ChatFamily | None = None,
-                 model_name: str | None = None, costs: CostTable | None = None) -> None:
+                 model_name: str | None = None, costs: CostTable | None = None, max_queue: int = 64,
+                 max_running: int = 16, prefill_chunk: int = 128) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config or SSRConfig()
         self.family = family or detect_family(tokenizer, getattr(getattr(backend, "config", None), "model_type", None))
         self.model_name = model_name or backend.model_name
-        self._lock = threading.Lock()
+        self.scheduler = Scheduler(backend, max_queue=max_queue, max_running=max_running, prefill_chunk=prefill_chunk)
         self._grammars: Grammars | None = None  # the tokenizer converted for llguidance, on first use
         if costs is None:  # measured here (or read from the disk cache), before any request holds a lane
             from .calibrate import calibrated
@@ -41,12 +50,38 @@ class SSREngine:
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
                         config: SSRConfig | None = None, family: ChatFamily | None = None,
-                        costs: CostTable | None = None, **backend_kwargs) -> "SSREngine":
+                        costs: CostTable | None = None, max_queue: int = 64, max_running: int = 16,
+                        **backend_kwargs) -> "SSREngine":
         """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``, and
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
         loaded = load_backend(backend, resolve_model(model), name, **backend_kwargs)
-        return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs)
+        return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs,
+                   max_queue=max_queue, max_running=max_running)
+
+    @property
+    def closed(self) -> bool:
+        return self.scheduler.closed
+
+    def load_stats(self) -> dict[str, int]:
+        """Requests waiting and running now, and the backend's live lanes."""
+        return self.scheduler.load()
+
+    def close(self) -> None:
+        """End every queued and running request (``Cancelled``), free every lane, release the backend."""
+        self.scheduler.close()
+        self.backend.release_all()
+        if hasattr(self.backend, "close"):
+            self.backend.close()
+        with _ENGINES_LOCK:
+            for key in [k for k, engine in _ENGINES.items() if engine is self]:
+                del _ENGINES[key]
+
+    def __enter__(self) -> "SSREngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def costs(self) -> CostTable:
@@ -72,9 +107,27 @@ class SSREngine:
         grammar = self._grammar(response_format, tools if cfg.constrain_tool_calls else None, tool_choice)
         ids = self.encode(prompt, tools, tool_choice, thinking)
         opening = tool_call_opening(self.family, tool_choice, tools)
-        return Request(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
-                       cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
-                       grammar=grammar)
+        window_cap = self._window_cap(len(ids), opening)
+        if cfg.max_tokens > window_cap:
+            cfg = cfg.override(max_tokens=window_cap, max_think_tokens=min(cfg.max_think_tokens, window_cap),
+                               min_think_tokens=min(cfg.min_think_tokens, window_cap))
+        request = Request(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
+                          cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
+                          grammar=grammar)
+        request.window_cap = window_cap
+        return request
+
+    def _window_cap(self, prompt_tokens: int, opening: str) -> int:
+        """The most tokens a request may generate so that prompt plus generation stays in the context window:
+        the room left, less the forced text (a close at the budget, a "Wait") that may follow the last token."""
+        f, encode = self.family, self.tokenizer.encode
+        forced = (len(encode(f.close_text + opening, add_special_tokens=False))
+                  + len(encode(f.continue_text, add_special_tokens=False)))
+        cap = self.context_window - prompt_tokens - forced
+        if cap < 1:
+            raise ValueError(f"the prompt ({prompt_tokens} tokens) leaves no room for an answer in the context "
+                             f"window of {self.context_window} tokens")
+        return cap
 
     def _grammar(self, response_format: dict | None, tools: list[dict] | None,
                  tool_choice: str | None) -> Grammar | None:
@@ -102,27 +155,35 @@ class SSREngine:
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,
                config: SSRConfig | None = None, thinking: bool = True, response_format: dict | None = None,
-               _cancel: threading.Event | None = None, **overrides) -> Iterator[StreamEvent]:
+               timeout: float | None = None, _cancel: threading.Event | None = None,
+               **overrides) -> Iterator[StreamEvent]:
         """Yield reasoning and answer deltas as they become final, then a "done" event with the result.
 
         ``thinking=False`` answers at once, with the model's own chat template (no thinking recipe).
 
         ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
         {"schema": ...}}``) and bound ``tools`` constrain the answer with a grammar, in plain decoding and SSR
-        alike."""
+        alike.
+
+        ``timeout`` (seconds from now, queue time included) ends the request with ``ssr.errors.RequestTimeout``;
+        a full queue raises ``ssr.errors.QueueFull`` at once. Closing the iterator early cancels the request, which
+        frees its lanes before the next pass."""
         request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
                                 response_format=response_format, **overrides)
         calls = ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close) if tools else None
-        with self._lock:
-            for kind, text in request.run():
+        job = self.scheduler.submit(request, timeout)
+        try:
+            for kind, text in job.results():
                 if kind == "answer" and calls is not None:
                     yield from _events(calls.feed(text))
                 else:
                     yield StreamEvent(kind, text)
+        finally:
+            request.cancel.set()  # a no-op once it has ended; a caller that stops reading cancels it
         parsed = parse_tool_calls(request.transcript.answer(), tools) if tools else None
         if calls is not None:
             yield from _events(calls.finish(parsed))  # also gives the parsed calls their streamed ids
-        yield StreamEvent("done", result=self._result(request, parsed))
+        yield StreamEvent("done", result=self._result(request, parsed, job.queue_seconds))
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Think, then answer; same keywords as ``stream``."""
@@ -168,15 +229,20 @@ class SSREngine:
                 return event.result
         raise RuntimeError("generation ended without a result")  # unreachable
 
-    def _result(self, request: Request, parsed: ToolCallParse | None) -> GenerationResult:
+    def _result(self, request: Request, parsed: ToolCallParse | None, queue_seconds: float) -> GenerationResult:
         t = request.transcript
         answer = t.answer()
         reason = t.finish.reason if t.finish else "stop"
         if parsed and parsed.tool_calls and reason == "stop":
             reason = "tool_calls"
+        stats = request.stats()
+        stats["seconds"] = {**stats["seconds"], "queue": round(queue_seconds, 4)}  # waiting for a running slot
+        if reason == "length" and len(t.tokens) >= request.window_cap:
+            stats["finish_note"] = (f"the context window of {self.context_window} tokens is full: "
+                                    f"{len(request.prompt_ids)} prompt + {len(t.tokens)} generated tokens")
         return GenerationResult(
             reasoning=t.reasoning(), answer=answer, token_ids=list(t.tokens), prompt_tokens=len(request.prompt_ids),
-            finish_reason=reason, stats=request.stats(),
+            finish_reason=reason, stats=stats,
             tool_calls=parsed.tool_calls if parsed else [],
             invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
             content=parsed.content if parsed else answer,

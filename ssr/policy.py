@@ -12,6 +12,10 @@ answer accepted, times what an answer token costs with suffix proposals alone) e
 thinking token (at the thinking lane's best proposal length, with and without the extra row). With a table that
 prices every extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as
 plain decoding does.
+
+With other requests in the same pass (``Shared``: their rows, their widest feed, how many of them), a choice is
+priced as part of the whole step: tokens of every request per cost of the step they share, so a proposal that fits
+in the width others already pad to is nearly free, and one that widens the step charges everyone's rows.
 """
 
 from __future__ import annotations
@@ -84,32 +88,52 @@ def expected_tokens(rate: float, k: int) -> float:
     return float(k + 1) if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What the other requests put in the last pass: rows, the widest feed, and how many requests (each yields at
+    least one token a pass)."""
+
+    rows: int = 0
+    width: int = 1
+    requests: int = 0
+
+
+ALONE = Shared()
+
+
 class SpeculationPolicy:
     def __init__(self, costs: CostTable, counts: AcceptanceCounts | None = None) -> None:
         self.costs = costs
         self.counts = counts or AcceptanceCounts()
 
-    def proposal_length(self, rows: int, source: str, match_len: int, available: int) -> int:
-        """How many of ``available`` proposed tokens to verify in a step with ``rows`` lanes (0: none)."""
+    def proposal_length(self, rows: int, source: str, match_len: int, available: int,
+                        shared: Shared = ALONE) -> int:
+        """How many of ``available`` proposed tokens to verify in a step with ``rows`` lanes of this request and
+        ``shared`` of others (0: none)."""
         if available <= 0:
             return 0
         rate = self.counts.rate(source, match_len)
-        base = self.costs(rows, 1)
-        best_k, best = 0, 1.0 / base
+        best_k, best = 0, (shared.requests + 1.0) / self._step(rows, 1, shared)
         for k in range(1, available + 1):
-            value = expected_tokens(rate, k) / self.costs(rows, k + 1)
+            value = (shared.requests + expected_tokens(rate, k)) / self._step(rows, k + 1, shared)
             if value > best * (1 + 1e-9):
                 best_k, best = k, value
         return best_k
 
-    def cost_per_token(self, rows: int, rate: float, max_k: int = 16) -> float:
-        """Step cost per token of a lane that proposes at its best length, beside ``rows - 1`` other lanes."""
-        return min(self.costs(rows, k + 1) / expected_tokens(rate, k) for k in range(max_k + 1))
+    def _step(self, rows: int, width: int, shared: Shared) -> float:
+        return self.costs(rows + shared.rows, max(width, shared.width))
 
-    def fork_pays(self, rows: int, think_speculation: bool = True) -> bool:
-        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs."""
+    def cost_per_token(self, rows: int, rate: float, max_k: int = 16, shared: Shared = ALONE) -> float:
+        """Step cost per token of a lane that proposes at its best length, beside ``rows - 1`` other lanes of its
+        request and ``shared``."""
+        return min(self._step(rows, k + 1, shared) / expected_tokens(rate, k) for k in range(max_k + 1))
+
+    def fork_pays(self, rows: int, think_speculation: bool = True, shared: Shared = ALONE) -> bool:
+        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs; the time a
+        draft row adds to a shared step delays every request in it."""
         think = self.counts.phase_rate("think") if think_speculation else 0.0
-        loss = self.cost_per_token(rows + 1, think) - self.cost_per_token(rows, think)
+        loss = (self.cost_per_token(rows + 1, think, shared=shared)
+                - self.cost_per_token(rows, think, shared=shared)) * (shared.requests + 1)
         gain = self.counts.draft_yield * self.cost_per_token(1, self.counts.phase_rate("answer"))
         return loss <= 0.0 or gain > loss
 

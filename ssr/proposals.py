@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from .schema import SchemaProposer
 from .suffix import SuffixIndex
 
@@ -24,7 +22,7 @@ class Proposal:
     tokens: list[int]
     source: str  # "prefix", "schema", "prompt", "thinking", "answer", "draft:<i>", "bootstrap"
     match_len: int = 0  # how long a context tail the source matched (suffix sources)
-    probs: list[torch.Tensor | None] | None = None  # the draft's own distributions (sampling); None: point masses
+    probs: list | None = None  # the draft's own distributions (dense or ``ssr.accept.Compact``); None: point masses
 
     def cut(self, k: int) -> "Proposal":
         return Proposal(self.tokens[:k], self.source, self.match_len, None if self.probs is None else self.probs[:k])
@@ -75,21 +73,32 @@ class SuffixSources:
 
 
 class DraftPrefix:
-    """The newest draft, verified from where the answer so far ends in it, chunk by chunk, until it disagrees."""
+    """The newest draft, verified from where the answer so far ends in it, chunk by chunk, until it disagrees.
+    When it is done the draft's token distributions are freed: nothing verifies its tokens under them again."""
 
     def __init__(self, draft, at: int, max_tokens: int) -> None:
         self.draft, self.at, self.max_tokens = draft, at, max_tokens  # draft: an ``ssr.drafts.Draft``
-        self.tokens, self.probs = draft.tokens, draft.probs
+        self.tokens = draft.tokens
         self.done = False
+
+    @property
+    def probs(self) -> list:
+        return self.draft.probs
 
     def propose(self, context: Context, room: int) -> Proposal | None:
         if self.done:
             return None
         chunk = self.tokens[self.at: self.at + min(room, self.max_tokens)]
         if not chunk:
-            self.done = True
+            self._finish()
             return None
-        return Proposal(chunk, "prefix", 0, self.probs[self.at: self.at + len(chunk)])
+        probs = self.draft.probs[self.at: self.at + len(chunk)]
+        # without the draft's distributions (greedy) its tokens are point masses, which is exact all the same
+        return Proposal(chunk, "prefix", 0, probs if len(probs) == len(chunk) else None)
+
+    def _finish(self) -> None:
+        self.done = True
+        self.draft.drop_probs()
 
     def advance(self, taken: int, whole: bool, bonus: int) -> None:
         """``taken`` tokens of the last chunk went into the answer, then the verifier's own ``bonus`` token. The
@@ -98,7 +107,7 @@ class DraftPrefix:
         if whole and self.at < len(self.tokens) and self.tokens[self.at] == bonus:
             self.at += 1
         else:
-            self.done = True
+            self._finish()
 
 
 class SchemaFixed:

@@ -80,6 +80,10 @@ def request_stats(request) -> dict:
         "drafts": [d.record() for d in drafts.all],
         "draft_tokens": sum(len(d.tokens) for d in drafts.all),
         "bootstrapped_tokens": sum(d.bootstrapped for d in drafts.all),
+        # memory: the drafts' token distributions (sampling; greedy keeps none), ``support`` ids + probabilities each
+        "draft_probs_support": None if request.sampler.greedy else request.sampler.support,
+        "draft_probs_peak_bytes": drafts.probs_peak_bytes,
+        "draft_probs_held_bytes": drafts.probs_held_bytes,
         "forks_declined": c.forks_declined,
         "proposals_tried": c.answer.verify_steps,
         "proposals_accepted": c.proposals_accepted,

@@ -29,7 +29,7 @@ class ScriptedBackend:
         self.close_text = close_text
         self.script = ""  # reasoning + close text + answer
         self.answer = ""
-        self.prompt_len: int | None = None
+        self._prompt_len: dict[int, int | None] = {}  # per lane; None: learnt from its first feed, the prompt
         self.prompts: list[list[int]] = []  # every prompt prefilled (for assertions on what the adapter sent)
         self._lanes: dict[int, list[int]] = {}
         self._next = 0
@@ -42,11 +42,11 @@ class ScriptedBackend:
         self.script = reasoning + self.close_text + answer if thinking else answer
 
     # -- the "model" -----------------------------------------------------------------------------------------------
-    def _next_token(self, seq: list[int]) -> int:
+    def _next_token(self, seq: list[int], prompt_len: int) -> int:
         """The first token of the script's text after what this lane holds (by text, so that text the engine forces,
         such as a required tool call's opening, is followed like any other); a draft lane, whose text left the script
         at its close, continues with the answer after the close text."""
-        text = self.tokenizer.decode(seq[self.prompt_len:])
+        text = self.tokenizer.decode(seq[prompt_len:])
         rest = None
         at = text.rfind(self.close_text)
         after = text[at + len(self.close_text):]
@@ -60,51 +60,53 @@ class ScriptedBackend:
 
     # -- the lane protocol -----------------------------------------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A new request's lane: empty, or (``reuse_prefix``) the last request's lane cut to the longest prefix it
-        shares with ``prefix``, the new prompt."""
-        self.prompt_len = None  # learnt from the first feed: the prompt
+        """A new request's lane: empty, or (``reuse_prefix``) the parked lane of the last request cut to the
+        longest prefix it shares with ``prefix``, the new prompt."""
+        prompt_len = None
         if prefix is not None and self.reuse_prefix:
-            self.prompt_len = len(prefix)
+            prompt_len = len(prefix)
             self.prompts.append(list(prefix))
         parked, self._parked = self._parked, None
-        if parked is not None and prefix:
+        if parked is not None:
             held = self._lanes[parked]
             common = 0
-            while common < min(len(held), len(prefix)) and held[common] == prefix[common]:
+            while common < min(len(held), len(prefix or [])) and held[common] == prefix[common]:
                 common += 1
             if common:
                 del held[common:]
+                self._prompt_len[parked] = prompt_len
                 return parked
-        self.release_all()
-        self._next += 1
-        self._lanes[self._next] = []
-        return self._next
+            self.release(parked)
+        return self._add([], prompt_len)
 
     def park(self, lane: int) -> None:
-        if not self.reuse_prefix:
-            self.release_all()
-            return
-        for other in [i for i in self._lanes if i != lane]:
-            self.release(other)
-        self._parked = lane
+        if self._parked is not None and self._parked != lane:
+            self.release(self._parked)
+        if self.reuse_prefix:
+            self._parked = lane
+        else:
+            self.release(lane)
 
     def fork(self, parent: int) -> int:
+        return self._add(list(self._lanes[parent]), self._prompt_len[parent])
+
+    def _add(self, tokens: list[int], prompt_len: int | None) -> int:
         self._next += 1
-        self._lanes[self._next] = list(self._lanes[parent])
+        self._lanes[self._next], self._prompt_len[self._next] = tokens, prompt_len
         return self._next
 
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
         out = {}
         for lane, feed in feeds.items():
             seq = self._lanes[lane]
-            if self.prompt_len is None:
-                self.prompt_len = len(feed)
+            if self._prompt_len[lane] is None:
+                self._prompt_len[lane] = len(feed)
                 self.prompts.append(list(feed))
             seq.extend(feed)
             k = (want or {}).get(lane, len(feed))
             logits = torch.full((k, self.vocab_size), -30.0)
             for row, end in enumerate(range(len(seq) - k + 1, len(seq) + 1)):
-                logits[row, self._next_token(seq[:end])] = 30.0
+                logits[row, self._next_token(seq[:end], self._prompt_len[lane])] = 30.0
             out[lane] = logits
         return out
 
@@ -116,12 +118,18 @@ class ScriptedBackend:
 
     def release(self, lane: int) -> None:
         self._lanes.pop(lane, None)
+        self._prompt_len.pop(lane, None)
         if lane == self._parked:
             self._parked = None
 
     def release_all(self) -> None:
         self._lanes.clear()
+        self._prompt_len.clear()
         self._parked = None
+
+    @property
+    def live_lanes(self) -> int:
+        return len(self._lanes)
 
 
 def scripted_engine(tokenizer, config=None, reuse_prefix: bool = False) -> SSREngine:

@@ -98,6 +98,7 @@ def test_parked_lane_prefix_reuse():
     b.step({lane: [3, 4, 5, 6]})
     draft = b.fork(lane)
     b.step({draft: [7]})
+    b.release(draft)  # a request frees its drafts, then parks its thinking lane
     b.park(lane)
     assert b.live_lanes == 1
     again = b.new_lane([3, 4, 5, 9, 9])
@@ -109,6 +110,62 @@ def test_parked_lane_prefix_reuse():
     assert b.length(other) == 0 and b.live_lanes == 1
     out = b.step({other: [8, 8]})
     assert close(out[other], reference(b, [8, 8], 2))
+
+
+def test_requests_share_the_cache_and_steps_compute_only_fed_rows():
+    """Lanes of several requests: a prefill of the newest lane alone computes its row only, a lane stepped while
+    others wait equals the lane alone, and a request that parks while others are live is released."""
+    rng = random.Random(1)
+    shared, alone = backend(1), backend(1)
+    first = shared.new_lane()
+    shared.step({first: [rng.randrange(3, 16) for _ in range(6)]})
+    prompt = [rng.randrange(3, 16) for _ in range(5)]
+    second = shared.new_lane(prompt)  # another request joins while the first is live
+    assert shared.length(second) == 0 and shared.live_lanes == 2
+    ref = alone.new_lane()
+    assert close(shared.step({second: prompt})[second], alone.step({ref: prompt})[ref])
+    for i in range(6):  # the two requests stepped together, or the second alone
+        feed = [rng.randrange(3, 16) for _ in range(1 + i % 2)]
+        feeds = {second: feed, **({first: [rng.randrange(3, 16)]} if i % 2 else {})}
+        assert close(shared.step(feeds)[second], alone.step({ref: feed})[ref]), i
+    shared.park(first)  # the other request is live: nothing is kept
+    assert shared.live_lanes == 1 and shared.new_lane([9]) != first
+
+
+def test_new_lanes_joining_a_filled_cache_prefill_together():
+    """Two requests join a cache whose columns another lane holds and prefill in one pass with different lengths:
+    their hidden past columns must be zeros, never uninitialised memory (0 x NaN is NaN)."""
+    rng = random.Random(0)
+    b = backend(1)
+    b.step({b.new_lane(): [rng.randrange(3, 16) for _ in range(40)]})
+    short, long = [rng.randrange(3, 16) for _ in range(10)], [rng.randrange(3, 16) for _ in range(25)]
+    l1, l2 = b.new_lane(short), b.new_lane(long)
+    out = b.step({l1: short, l2: long}, {l1: 1, l2: 1})
+    assert close(out[l1], reference(b, short)) and close(out[l2], reference(b, long))
+
+
+def test_a_new_request_forks_the_live_lane_sharing_its_prefix():
+    rng = random.Random(2)
+    b = backend(1)
+    system = [rng.randrange(3, 16) for _ in range(20)]
+    first = b.new_lane(system + [3])
+    b.step({first: system + [3, 4, 5]})
+    second = b.new_lane(system + [9, 9])  # shares the 20-token system prompt with the live lane
+    assert second != first and b.length(second) == 20 and b.live_lanes == 2
+    assert close(b.step({second: [9, 9]})[second], reference(b, system + [9, 9], 2))
+    assert b.length(b.new_lane([3] * 10)) == 0  # too little in common: an empty lane
+
+
+def test_columns_of_ended_requests_are_compacted():
+    b, ref = backend(1), backend(1)
+    old = b.new_lane()
+    b.step({old: [5] * 300})  # a long request ...
+    lane, alone = b.new_lane(), ref.new_lane()
+    b.step({lane: [3, 4, 5]}), ref.step({alone: [3, 4, 5]})
+    assert b._columns == 303
+    b.release(old)  # ... ends: its 300 columns are dropped
+    assert b._columns == 3 and b.length(lane) == 3
+    assert close(b.step({lane: [6, 7]})[lane], ref.step({alone: [6, 7]})[alone])
 
 
 def test_lane_beside_others_equals_alone():

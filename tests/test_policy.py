@@ -75,3 +75,20 @@ def test_acceptance_counts_are_geometric_runs():
     prior = 0.6 * 4
     assert counts.rate("draft:7", 7) == pytest.approx((6 + prior) / (7 + 4))
     assert counts.rate("draft:7", 40) == pytest.approx(0.6)  # another match bucket: nothing seen yet
+
+
+def test_choices_are_priced_within_the_step_other_requests_share():
+    from ssr.policy import Shared
+
+    counts = AcceptanceCounts()
+    intel = SpeculationPolicy(INTEL, counts)
+    alone = intel.proposal_length(1, "prompt", 8, 16)
+    assert 0 < alone < 8
+    # others already pad the step to 8 tokens a lane: a proposal up to that width costs nothing more
+    assert intel.proposal_length(1, "prompt", 8, 16, Shared(rows=2, width=8, requests=2)) >= 7
+    # a step of many one-token lanes: widening it charges every row, and their tokens weigh in
+    assert intel.proposal_length(1, "prompt", 8, 16, Shared(rows=2, width=1, requests=2)) <= alone
+    # a draft row nearly free alone delays every request of a crowded step
+    lane = CostTable(rows=(1, 2, 8, 9), widths=(1, 2), cost=((1.0, 1.9), (1.05, 2.0), (2.0, 3.9), (2.3, 4.3)))
+    assert SpeculationPolicy(lane, counts).fork_pays(1)
+    assert not SpeculationPolicy(lane, counts).fork_pays(1, shared=Shared(rows=7, width=1, requests=7))

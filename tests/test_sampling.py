@@ -6,10 +6,10 @@ import collections
 
 import pytest
 import torch
-from scipy.stats import chi2_contingency, chisquare
+from scipy.stats import binomtest, chi2_contingency, chisquare
 
 from ssr import SSRConfig
-from ssr.accept import Sampler, verify
+from ssr.accept import Compact, Sampler, verify
 from tiny import GUIDED_TOOLS, TINY_FAMILY, TOOL_VOCAB, prompt_ids, tiny_engine
 
 P_THRESHOLD = 1e-3  # fixed seeds make each test deterministic; a sound test passes far above this
@@ -41,6 +41,115 @@ def test_point_mass_proposals_keep_target_distribution():
         assert chisquare([counts[i] for i in range(4)], (p * 20000).tolist()).pvalue > P_THRESHOLD
 
 
+# -- compact proposals: a draft keeps its top-K distribution only (ssr.accept.Compact) --------------------------------
+P8 = torch.tensor([0.30, 0.05, 0.20, 0.02, 0.13, 0.10, 0.12, 0.08])  # the verifier: mass on every token
+D8 = torch.tensor([0.05, 0.35, 0.25, 0.02, 0.03, 0.20, 0.04, 0.06])  # the draft's full distribution
+
+
+def _rows(*dists):
+    return torch.stack([d.log() for d in dists])
+
+
+def _fits(counts, dist, ids) -> bool:
+    """Chi-square goodness of fit of ``counts`` over ``ids`` to ``dist`` (restricted to ``ids``)."""
+    expected = dist.double()[list(ids)]
+    n = sum(counts[i] for i in ids)
+    return chisquare([counts[i] for i in ids], (expected / expected.sum() * n).tolist()).pvalue > P_THRESHOLD
+
+
+def test_compact_is_the_renormalised_top_k_and_owns_its_storage():
+    q = _sampler(0).compact(torch.stack([D8, P8]))
+    assert len(q) == 2 and all(isinstance(c, Compact) for c in q)
+    s = Sampler(SSRConfig(temperature=1.0, seed=0), support=3)
+    q0 = s.compact(D8.unsqueeze(0))[0]
+    assert q0.ids.dtype == torch.int32 and q0.values.dtype == torch.float32 and q0.vocab == 8
+    assert sorted(q0.ids.tolist()) == [1, 2, 5]
+    assert torch.allclose(q0.dense(), torch.tensor([0, 0.35, 0.25, 0, 0, 0.20, 0, 0]) / 0.8)
+    assert q0.nbytes == 3 * 8 and q0.ids.untyped_storage().nbytes() == 12  # not a view of the step's batch
+    assert q0.prob(2) == pytest.approx(0.25 / 0.8) and q0.prob(0) == 0.0
+    assert torch.allclose(q0.at(torch.tensor([5, 0, 1], dtype=torch.int32)), torch.tensor([0.25, 0.0, 0.4375]))
+    assert Sampler(SSRConfig(temperature=1.0, top_k=2, seed=0)).compact(D8)[0].ids.numel() == 2  # K <= top_k
+
+
+def _speculate(sampler, q, target_rows, n, targets=None):
+    """``n`` rounds: propose one token drawn from ``q``, verify it; (emitted-token counts, acceptances)."""
+    counts, accepted = collections.Counter(), 0
+    for _ in range(n):
+        token = sampler.draw(q)
+        ok, nxt = verify(sampler, [token], target_rows, [q], targets=targets)
+        counts[token if ok else nxt] += 1
+        accepted += ok
+    return counts, accepted
+
+
+def _acceptance_matches(accepted, n, p, q):
+    """The acceptance rate is sum_x min(p(x), q(x)) (speculative sampling's): a binomial test."""
+    rate = float(torch.minimum(p, q).sum())
+    return binomtest(accepted, n, rate).pvalue > P_THRESHOLD
+
+
+def test_compact_proposal_keeps_target_distribution():
+    """A draft token drawn from the top-3 of the draft's distribution, verified against a dense verifier whose mass
+    lies mostly outside those 3 tokens: the emitted token follows the verifier exactly (chi-square), and the
+    acceptance rate is the analytic one for that compact q."""
+    n = 20000
+    sampler = Sampler(SSRConfig(temperature=1.0, seed=3), support=3)
+    q = sampler.compact(D8)[0]
+    counts, accepted = _speculate(sampler, q, _rows(P8, P8), n)
+    assert _fits(counts, P8, range(8))
+    assert _acceptance_matches(accepted, n, P8, q.dense())
+    assert 0 < accepted < n
+
+
+def test_compact_target_with_compact_proposal_keeps_the_compact_target():
+    """A draft lane's bootstrap: the previous draft's compact q proposed, the new draft's own compact distribution
+    as the target (it draws from that one): the emitted tokens follow the compact target, never leave its support."""
+    n = 20000
+    sampler = Sampler(SSRConfig(temperature=1.0, seed=4), support=3)
+    q = sampler.compact(D8)[0]  # ids {1, 2, 5}
+    target = sampler.compact(P8.unsqueeze(0).repeat(2, 1))  # ids {0, 2, 4}: overlaps q on token 2 only
+    counts, accepted = _speculate(sampler, q, _rows(P8, P8), n, targets=target)
+    expected = target[0].dense()
+    assert set(counts) <= {0, 2, 4}
+    assert _fits(counts, expected, (0, 2, 4))
+    assert _acceptance_matches(accepted, n, expected, q.dense())
+
+
+def test_point_mass_against_compact_target_keeps_the_compact_target():
+    """A draft lane's suffix proposal (a point mass) under its compact distribution, inside and outside its
+    support."""
+    n = 20000
+    sampler = Sampler(SSRConfig(temperature=1.0, seed=5), support=3)
+    target = sampler.compact(P8.unsqueeze(0).repeat(2, 1))
+    expected = target[0].dense()
+    for proposed in (0, 7):
+        counts = collections.Counter()
+        for _ in range(n):
+            ok, nxt = verify(sampler, [proposed], _rows(P8, P8), None, targets=target)
+            counts[proposed if ok else nxt] += 1
+        assert set(counts) <= {0, 2, 4}
+        assert _fits(counts, expected, (0, 2, 4))
+
+
+def test_two_token_compact_proposal_keeps_each_position():
+    """Two draft tokens from two compact q's against two different verifier rows: the first emitted token follows
+    row 0, and the second (once the first passed) follows row 1."""
+    n = 20000
+    sampler = Sampler(SSRConfig(temperature=1.0, seed=6), support=2)
+    p1 = torch.tensor([0.05, 0.05, 0.1, 0.4, 0.1, 0.1, 0.1, 0.1])
+    q0, q1 = sampler.compact(torch.stack([P8, D8]))  # the first proposal is close to row 0, the second far from row 1
+    first, second = collections.Counter(), collections.Counter()
+    for _ in range(n):
+        proposal = [sampler.draw(q0), sampler.draw(q1)]
+        ok, nxt = verify(sampler, proposal, _rows(P8, p1, P8), [q0, q1])
+        first[proposal[0] if ok else nxt] += 1
+        if ok:
+            second[proposal[1] if ok == 2 else nxt] += 1
+    assert _fits(first, P8, range(8))
+    assert sum(second.values()) > n // 4
+    assert _fits(second, p1, range(8))
+
+
 def test_top_p_top_k_processing():
     s = Sampler(SSRConfig(temperature=1.0, top_p=0.8, top_k=3, seed=0))
     probs = s.probs(torch.tensor([0.5, 0.3, 0.15, 0.05]).log())
@@ -61,6 +170,11 @@ BASE = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, ma
 VARIANTS = {  # each SSR variant exercises one kind of proposal
     "draft-prefix": dict(suffix_decoding=False),
     "suffix-point-mass": dict(max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0),
+    # drafts drawn from (and keeping) their top-3 of the 16-token vocabulary: the answer verifies under compact q
+    "draft-prefix-top3": dict(suffix_decoding=False, draft_support=3),
+    # iterative drafts: each new one verifies the previous draft's compact q under its own compact distribution
+    "bootstrap-top3": dict(suffix_decoding=False, draft_interval=1, max_drafts=2, max_think_tokens=4, max_tokens=10,
+                           draft_support=3),
 }
 N = 800
 
@@ -68,11 +182,15 @@ N = 800
 def _sample(engine, **overrides):
     outputs, accepted = collections.Counter(), collections.Counter()
     for seed in range(N):
-        r = engine.generate(prompt_ids("ab"), config=SSRConfig(seed=seed, **BASE, **overrides))
+        r = engine.generate(prompt_ids("ab"), config=SSRConfig(seed=seed, **{**BASE, **overrides}))
         outputs[r.answer[:3]] += 1
         accepted["prefix"] += r.stats["accepted_prefix_tokens"]
         accepted["suffix"] += r.stats["accepted_suffix_tokens"]
         accepted["tried"] += r.stats["proposals_tried"]
+        accepted["bootstrapped"] += r.stats["bootstrapped_tokens"]
+        support = r.stats["draft_probs_support"]
+        assert r.stats["draft_probs_peak_bytes"] <= r.stats["draft_tokens"] * support * 8  # K ids + K probabilities
+        accepted["held_at_end"] += r.stats["draft_probs_held_bytes"]
     return outputs, accepted
 
 
@@ -87,11 +205,15 @@ def tiny_sampling():
 def test_end_to_end_distribution_matches_plain_sampling(tiny_sampling, variant):
     """Tiny model, 16-token vocabulary: SSR's sampled answers vs plain sampling, two-sample chi-square."""
     engine, plain = tiny_sampling
+    if "max_think_tokens" in VARIANTS[variant]:  # another thinking budget: its own plain reference
+        plain = _sample(engine, enabled=False, **VARIANTS[variant])[0]
     ssr, accepted = _sample(engine, **VARIANTS[variant])
-    if variant == "draft-prefix":
+    if variant.startswith("draft-prefix") or variant.startswith("bootstrap"):
         assert accepted["prefix"] > N // 10, accepted  # drafts really were accepted (and rejected) often
     else:  # point-mass proposals were tried often: rejections exercise the recovery rule
         assert accepted["tried"] > N // 2 and accepted["suffix"] > 0, accepted
+    if variant.startswith("bootstrap"):
+        assert accepted["bootstrapped"] > N // 10, accepted  # previous drafts' compact q verified by new drafts
     assert same_distribution(plain, ssr)
 
 

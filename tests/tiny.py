@@ -20,6 +20,13 @@ VOCAB = ["<eos>", "</think>", "Wait", "\n", " ", "a", "b", "c", "d", "e", "f", "
 TOOL_VOCAB = VOCAB + ["<tool_call>", "{", "}", '"', ":", ",", "_", "n", "m", "r", "u", "t", "s"]
 GUIDED_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
                 for name in ("ab", "abc", "h_z")]  # names the guide must keep a random model to
+# a reasoning model's chat template in the tiny vocabulary (it names <think>: the engine gives it the reasoning
+# family, no system prompt or demonstration): roles and contents, then the generation prompt
+CHAT_TEMPLATE = (
+    "{#- a reasoning model: it thinks in <think> ... </think> -#}"
+    "{%- for m in messages -%}{{ m['role'][0] }}\n{{ m['content'] }}\n{%- endfor -%}"
+    "{%- if add_generation_prompt -%}a\n{%- endif -%}"
+)
 TINY_FAMILY = ChatFamily(name="tiny", close_text="\n</think>\n", continue_text="Wait", think_prefill="")
 
 
@@ -84,3 +91,15 @@ def bigram_engine(next_of: dict[str, str], **config) -> SSREngine:
 
 def prompt_ids(text: str = "abc\nde") -> list[int]:
     return tiny_tokenizer().encode(text, add_special_tokens=False)
+
+
+def tiny_chat_engine(seed: int = 0, **config) -> SSREngine:
+    """A tiny engine that takes chat messages (``CHAT_TEMPLATE``, the tool-call vocabulary), for the adapters."""
+    from ssr import SSRConfig
+
+    tokenizer = tiny_tokenizer(TOOL_VOCAB)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    backend = TransformersBackend(tiny_model(seed, vocab_size=len(TOOL_VOCAB), scale=0.5), "tiny", {0}, 0)
+    backend.tokenizer = tokenizer
+    return SSREngine(backend, tokenizer, config=SSRConfig(**config), model_name=f"tiny-{seed}",
+                     costs=CostTable.flat())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import Backend
 
-BACKENDS = ("transformers", "vllm", "vllm-server")
+BACKENDS = ("transformers", "vllm", "vllm-server", "llama.cpp")
 
 
 def load_backend(name: str, model_path: str, model_name: str, **kwargs) -> Backend:
@@ -21,4 +21,8 @@ def load_backend(name: str, model_path: str, model_name: str, **kwargs) -> Backe
         from .vllm_server import VLLMServerBackend
 
         return VLLMServerBackend(model_path, model_name=model_name, **kwargs)
+    if name == "llama.cpp":  # llama-cpp-python on a GGUF file (the embedded model's, as it ships)
+        from .llama_cpp import LlamaCppBackend
+
+        return LlamaCppBackend.load(model_path, model_name, **kwargs)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,8 +1,9 @@
 """The one small protocol every backend implements.
 
 A backend runs forward passes over *lanes*: independent token sequences that share one model (the thinking
-stream, each draft, the answer). It knows nothing of drafts or acceptance: it appends tokens to lanes in one
-batched pass and reports the logits at the positions asked for.
+stream, each draft, the answer). It knows nothing of drafts, acceptance or requests: it appends tokens to lanes in
+one batched pass and reports the logits at the positions asked for. The engine's scheduler puts the lanes of every
+live request into one ``step``, so lanes of several requests are live at once and each request frees its own.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ class Backend(Protocol):
     eos_token_ids: frozenset[int]
 
     def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request (no other lane is live). It may already hold a cached prefix of ``prefix``
-        (``length`` says how many tokens); a backend without prefix reuse returns an empty lane."""
+        """A lane for a new request (other requests' lanes may be live). It may already hold a cached prefix of
+        ``prefix`` (``length`` says how many tokens: a parked lane whose tokens start it); a backend without prefix
+        reuse returns an empty lane."""
 
     def park(self, lane: int) -> None:
-        """End of request: free every other lane; ``lane`` may be kept for the next request's prefix."""
+        """End of a request whose other lanes are already released: ``lane`` may be kept for a later request's
+        prefix (replacing a lane parked before) or released; no other live lane is touched."""
 
     def fork(self, parent: int) -> int:
         """A new lane holding a copy of ``parent``'s tokens (its cache rows, up to the fork point)."""
@@ -45,7 +48,7 @@ class Backend(Protocol):
         """Free the lane and its memory now."""
 
     def release_all(self) -> None:
-        """Free every lane (end of request, cancellation)."""
+        """Free every lane of every request (calibration, shutdown)."""
 
 
 # end-of-text / end-of-turn markers of the chat families: a model that emits one has ended its turn
@@ -84,3 +87,12 @@ def rows_wanted(lane: int, feed: list[int], want: dict[int, int]) -> int:
     if not 1 <= rows <= len(feed):
         raise ValueError(f"step(): want[{lane}]={rows} must be in 1..{len(feed)}")
     return rows
+
+
+def common_prefix(held: list[int], prefix: list[int]) -> int:
+    """How many leading tokens ``held`` and ``prefix`` share (a parked lane's reusable part)."""
+    limit = min(len(held), len(prefix))
+    n = 0
+    while n < limit and held[n] == prefix[n]:
+        n += 1
+    return n

@@ -55,8 +55,9 @@ class _BufferedLayer(DynamicLayer):
 
     def view(self) -> None:
         if self._k is not None:
-            self.keys = self._k[: self.cache.rows, :, : self.length]
-            self.values = self._v[: self.cache.rows, :, : self.length]
+            lo, hi = self.cache.window or (0, self.cache.rows)
+            self.keys = self._k[lo:hi, :, : self.length]
+            self.values = self._v[lo:hi, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -64,13 +65,18 @@ class _BufferedLayer(DynamicLayer):
         rows, width = key_states.shape[0], key_states.shape[-2]
         if self.cache.rows == 0 and self.cache.length == 0:  # a fresh cache takes the batch it is given
             self.cache.rows = rows
-        if rows != self.cache.rows:
-            raise ValueError(f"BufferedCache holds {self.cache.rows} rows, the step has {rows}")
+        lo, hi = self.cache.window or (0, self.cache.rows)
+        if rows != hi - lo:
+            raise ValueError(f"BufferedCache computes {hi - lo} rows, the step has {rows}")
         end = self.length + width
-        self.cache.reserve(rows, end)  # a no-op when the backend reserved before the pass
+        self.cache.reserve(self.cache.rows, end)  # a no-op when the backend reserved before the pass
         self.fit(key_states)
-        self._k[:rows, :, self.length: end] = key_states
-        self._v[:rows, :, self.length: end] = value_states
+        self._k[lo:hi, :, self.length: end] = key_states
+        self._v[lo:hi, :, self.length: end] = value_states
+        for a, b in ((0, lo), (hi, self.cache.rows)):  # rows not computed: zeros their masks hide (never NaN)
+            if a < b:
+                self._k[a:b, :, self.length: end] = 0
+                self._v[a:b, :, self.length: end] = 0
         self.cache.bytes_written += key_states.nbytes + value_states.nbytes
         self.length = end
         self.view()
@@ -92,6 +98,24 @@ class _BufferedLayer(DynamicLayer):
             self._k[dst, :, : self.length] = self._k[src, :, : self.length]
             self._v[dst, :, : self.length] = self._v[src, :, : self.length]
             self.cache.bytes_written += 2 * self._k[src, :, : self.length].nbytes
+
+    def clear_row(self, row: int) -> None:
+        """Zeros in ``row``'s used columns: a new lane's mask hides them, and hidden entries must not be NaN (an
+        attention weight of 0 times NaN is NaN)."""
+        if self._k is not None and self.length:
+            self.fit()
+            self._k[row, :, : self.length] = 0
+            self._v[row, :, : self.length] = 0
+
+    def keep_columns(self, index: torch.Tensor) -> None:
+        """Keep columns ``index`` (ascending) as columns 0..len-1 of every row."""
+        if self._k is not None and self.length:
+            rows, n = self.cache.rows, len(index)
+            self._k[:rows, :, :n] = self._k[:rows, :, index]
+            self._v[:rows, :, :n] = self._v[:rows, :, index]
+            self.cache.bytes_written += 2 * self._k[:rows, :, :n].nbytes
+        self.length = min(self.length, len(index))
+        self.view()
 
     def select_rows(self, indices: torch.Tensor) -> None:
         if self._k is not None and self.length:
@@ -126,6 +150,7 @@ class BufferedCache(Cache):
     def __init__(self, num_layers: int, max_columns: int = 1 << 30) -> None:
         super().__init__(layers=[_BufferedLayer(self) for _ in range(num_layers)])
         self.rows = 0
+        self.window: tuple[int, int] | None = None  # rows [lo, hi) the running pass computes (None: every row)
         self.capacity = (0, 0)  # (rows, columns) every layer's buffers are grown to
         self.max_columns = max_columns
         self.growths = 0  # capacity increases (each reallocates every stored layer once)
@@ -145,6 +170,10 @@ class BufferedCache(Cache):
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for layer in self.layers for t in (layer._k, layer._v) if t is not None)
+
     def set_length(self, columns: int) -> None:
         for layer in self.layers:
             layer.length = min(layer.length, columns)
@@ -160,6 +189,8 @@ class BufferedCache(Cache):
         for layer in self.layers:
             if src is not None:
                 layer.copy_row(src, dst)
+            else:
+                layer.clear_row(dst)
             layer.view()
         return dst
 
@@ -172,6 +203,11 @@ class BufferedCache(Cache):
         self.rows = last
         for layer in self.layers:
             layer.view()
+
+    def keep_columns(self, index: torch.Tensor) -> None:
+        """Keep columns ``index`` (ascending) of every row as its first columns (the rest are dropped)."""
+        for layer in self.layers:
+            layer.keep_columns(index)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows ``indices`` (in that order) as rows 0..len-1."""

@@ -12,8 +12,14 @@ On CPU every ``nn.Linear`` dispatches per call, by its number of input rows, to 
 row count on this machine (``select_kernels``): which product is fastest for 2-32 rows differs between CPUs (see
 DESIGN.md), so no choice is built in; until measured, ``F.linear`` runs everywhere.
 
-Between requests the last request's main lane stays parked: the next request whose prompt extends it (an agent's
-next step: same conversation plus a tool result) starts from that cache and prefills only the new tokens.
+Several requests share the cache, one row per lane; a new request's lane starts as a fork of the live lane that
+shares the longest prefix with its prompt (a common system prompt is prefilled once). A step computes only the
+rows from the first fed lane's to the last's (a new request's prefill is the last row alone), and when requests leave, the columns no lane holds any
+more are compacted away once they are half of the cache.
+
+A finished request's thinking lane stays parked while no other lane is live: the next request whose prompt extends
+it (an agent's next step: same conversation plus a tool result) starts from that cache and prefills only the new
+tokens.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from functools import partial
 
 import torch
 
-from .base import Backend, rows_wanted, stop_token_ids
+from .base import Backend, common_prefix, rows_wanted, stop_token_ids
 from .kernels import DEFAULT_KERNELS, SELECT_ROWS, KernelChoice, choose_kernels, kernel_ranges, time_kernels
+from . import lane_attention
 from .kv_cache import BufferedCache
 
 __all__ = ["TransformersBackend", "BufferedCache", "kernel_ranges"]
@@ -41,6 +48,7 @@ class _Lane:
 
 
 class TransformersBackend(Backend):
+    cost_version = "lane-attention"  # part of the cost table's cache key: tables measured before it are stale
     def __init__(self, model, model_name: str, eos_token_ids, pad_token_id: int) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -63,6 +71,7 @@ class TransformersBackend(Backend):
         self._choice = KernelChoice()
         self.kernels: list[tuple[int | None, str]] = list(DEFAULT_KERNELS)
         if self.device.type == "cpu":
+            self.model.set_attn_implementation(lane_attention.NAME)  # each row attends over its own columns
             for layer in self.model.modules():
                 if isinstance(layer, torch.nn.Linear):
                     layer.forward = partial(self._choice, layer)
@@ -73,7 +82,7 @@ class TransformersBackend(Backend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs).to(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         configs = (model.generation_config, model.config)
@@ -122,31 +131,44 @@ class TransformersBackend(Backend):
         return self._cache.growths
 
     @property
+    def memory_bytes(self) -> int:
+        """Bytes the KV cache and mask buffers hold now (their capacity, not just the used part)."""
+        return self._cache.nbytes + self._mask_buf.nbytes
+
+    @property
     def bytes_copied(self) -> int:
         """Bytes written into the cache and mask buffers (new columns, forked rows, reallocation copies)."""
         return self._cache.bytes_written + self._mask_bytes
 
     # -- lanes -------------------------------------------------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request; it already holds the longest cached prefix of ``prefix`` (see ``length``)."""
+    def new_lane(self, prefix: list[int] | None = None, min_shared: int = 16) -> int:
+        """A lane for a new request; it already holds the longest cached prefix of ``prefix`` (see ``length``):
+        the parked lane itself, or a fork of the live lane sharing the most tokens with ``prefix`` (requests with
+        one system prompt prefill it once) when they share at least ``min_shared``."""
         parked, self._parked = self._parked, None
-        if parked is not None and prefix:
-            held = self._lanes[parked].tokens
-            common = 0
-            while common < min(len(held), len(prefix)) and held[common] == prefix[common]:
-                common += 1
+        if parked is not None:
+            common = common_prefix(self._lanes[parked].tokens, prefix or [])
             if common:
                 self.truncate(parked, common)
                 return parked
-        if self._lanes:
-            self.release_all()
+            self.release(parked)
+        shared = max(((common_prefix(state.tokens, prefix or []), lane_id) for lane_id, state in self._lanes.items()),
+                     default=(0, None))
+        if shared[0] >= min_shared:
+            lane = self.fork(shared[1])
+            self.truncate(lane, shared[0])
+            return lane
         return self._add(_Lane(row=self._add_row(None)))
 
     def park(self, lane: int) -> None:
-        """Free every lane but ``lane``, and keep it for the next request's prefix."""
-        for other in [i for i in self._lanes if i != lane]:
-            self.release(other)
-        self._parked = lane
+        """Keep ``lane`` for the next request's prefix while it is the only live lane; with other requests live it
+        is released (every step would carry its row)."""
+        if self._parked is not None and self._parked != lane:
+            self.release(self._parked)
+        if len(self._lanes) > 1:
+            self.release(lane)
+        else:
+            self._parked = lane
 
     def fork(self, parent: int) -> int:
         src = self._lanes[parent]
@@ -169,6 +191,7 @@ class TransformersBackend(Backend):
                     other.row = gone.row
         self._cache.remove_row(gone.row)
         self._crop_unused()
+        self._compact()
 
     def release_all(self) -> None:
         self._lanes.clear()
@@ -204,39 +227,54 @@ class TransformersBackend(Backend):
         if unknown:
             raise KeyError(f"step(): no live lane {sorted(unknown)}")
         sizes = [rows_wanted(lane_id, tokens, want) for lane_id, tokens in feeds.items()]  # checked before any work
-        rows = self._cache.rows
+        fed_rows = [self._lanes[lane_id].row for lane_id in feeds]
+        lo, hi = min(fed_rows), max(fed_rows) + 1  # only these rows are computed (other requests' lanes wait)
         width = max(len(tokens) for tokens in feeds.values())
         past = self._columns
-        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=self.device)
-        new_mask = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
-        positions = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-        for lane_id, state in self._lanes.items():
-            start = len(state.columns)
-            positions[state.row] = torch.arange(start, start + width)
-            tokens = feeds.get(lane_id, [])
-            if tokens:
-                input_ids[state.row, : len(tokens)] = torch.tensor(tokens)
-                new_mask[state.row, : len(tokens)] = True
-        self._reserve(rows, past + width)
-        self._mask_buf[:rows, past: past + width] = new_mask
+        input_ids = torch.full((hi - lo, width), self.pad_token_id, dtype=torch.long, device=self.device)
+        new_mask = torch.zeros(self._cache.rows, width, dtype=torch.bool, device=self.device)
+        positions = torch.zeros(hi - lo, width, dtype=torch.long, device=self.device)
+        for state in self._lanes.values():
+            if lo <= state.row < hi:
+                start = len(state.columns)
+                positions[state.row - lo] = torch.arange(start, start + width, device=self.device)
+        for lane_id, tokens in feeds.items():
+            row = self._lanes[lane_id].row
+            input_ids[row - lo, : len(tokens)] = torch.tensor(tokens, device=self.device)
+            new_mask[row, : len(tokens)] = True
+        self._reserve(self._cache.rows, past + width)
+        self._mask_buf[: self._cache.rows, past: past + width] = new_mask
         self._mask_bytes += new_mask.nbytes
+        self._cache.window = (lo, hi)
         try:
-            hidden = self.model.get_decoder()(
-                input_ids=input_ids, attention_mask=self._mask_buf[:rows, : past + width], position_ids=positions,
-                past_key_values=self._cache, use_cache=True,
-            ).last_hidden_state
+            with lane_attention.lane_columns(self._row_columns(lo, hi, past, feeds)):
+                hidden = self.model.get_decoder()(
+                    input_ids=input_ids, attention_mask=self._mask_buf[lo:hi, : past + width], position_ids=positions,
+                    past_key_values=self._cache, use_cache=True,
+                ).last_hidden_state
         except BaseException:
             self._cache.set_length(past)  # layers that ran before the failure keep nothing
             raise
+        finally:
+            self._cache.window = None
         self._columns = past + width
         picked = []
         for (lane_id, tokens), keep in zip(feeds.items(), sizes):
             state = self._lanes[lane_id]
             state.columns.extend(range(past, past + len(tokens)))
             state.tokens.extend(tokens)
-            picked.append(hidden[state.row, len(tokens) - keep: len(tokens)])
+            picked.append(hidden[state.row - lo, len(tokens) - keep: len(tokens)])
         logits = self._logits(torch.cat(picked)).split(sizes)  # one output projection for every lane
         return dict(zip(feeds, logits))
+
+    def _row_columns(self, lo: int, hi: int, past: int, feeds: dict[int, list[int]]) -> list[torch.Tensor]:
+        """Per computed row, the cache columns its lane holds after this pass (what its attention reads)."""
+        columns: list[list[int]] = [[] for _ in range(lo, hi)]
+        for lane_id, state in self._lanes.items():
+            if lo <= state.row < hi:
+                fed = len(feeds.get(lane_id, ()))
+                columns[state.row - lo] = state.columns + list(range(past, past + fed))
+        return [torch.tensor(c or [past], dtype=torch.long, device=self.device) for c in columns]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.get_output_embeddings()(hidden).float()
@@ -274,6 +312,22 @@ class TransformersBackend(Backend):
         self._cache.reset()
         self._columns = 0
         self._mask_buf = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+
+    def _compact(self, min_columns: int = 256) -> None:
+        """Drop the cache columns no lane holds (left by requests that ended) once they are half of the cache, so
+        that a long-running engine's steps attend over the live requests' tokens only."""
+        used = sorted({c for state in self._lanes.values() for c in state.columns})
+        if self._columns < min_columns or len(used) * 2 > self._columns:
+            return
+        index = torch.tensor(used, dtype=torch.long, device=self.device)
+        rows = self._cache.rows
+        self._cache.keep_columns(index)
+        self._mask_buf[:rows, : len(used)] = self._mask_buf[:rows, index]
+        self._mask_bytes += rows * len(used)
+        new_column = {c: i for i, c in enumerate(used)}
+        for state in self._lanes.values():
+            state.columns = [new_column[c] for c in state.columns]
+        self._columns = len(used)
 
     def _crop_unused(self) -> None:
         """Drop trailing cache columns that no lane can see (each lane's columns ascend: its last is its highest)."""

@@ -36,6 +36,7 @@ threads are coalesced: whoever finds the engine idle runs one engine step for ev
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -43,9 +44,10 @@ from typing import Any
 
 import torch
 
-from .base import rows_wanted, stop_token_ids
+from .base import common_prefix, rows_wanted, stop_token_ids
 from .vllm_server import SSRBackendError, SSRBackendUnavailable
 
+logger = logging.getLogger(__name__)
 _PATCHED = False
 _IDS = itertools.count()
 
@@ -148,7 +150,7 @@ class _SharedEngine:
         self._aborts: list[str] = []
         self._waiting: set[str] = set()
         self._results: dict[str, Any] = {}
-        self._failure: BaseException | None = None
+        self._failed: dict[str, BaseException] = {}  # request id -> the error of the step it was in
         self.steps = 0  # engine steps run (forward passes)
 
     # -- prefix-cache cap ----------------------------------------------------------------------------------------
@@ -195,8 +197,9 @@ class _SharedEngine:
             idle = 0
             try:
                 while not all(r in self._results for r in rids):
-                    if self._failure is not None:
-                        raise SSRBackendError(f"vLLM engine step failed: {self._failure!r}") from self._failure
+                    failed = next((self._failed[r] for r in rids if r in self._failed), None)
+                    if failed is not None:  # only the chunks of the step that failed: later steps go on
+                        raise SSRBackendError(f"vLLM engine step failed: {failed!r}") from failed
                     if self._stepping:
                         self._cv.wait()
                         continue
@@ -210,6 +213,7 @@ class _SharedEngine:
                 self._waiting.difference_update(rids)
                 for r in rids:
                     self._results.pop(r, None)
+                    self._failed.pop(r, None)
 
     def _step_locked(self) -> bool:
         """Run one engine step with the condition released (called holding it, returns holding it); False if the
@@ -229,7 +233,8 @@ class _SharedEngine:
             outputs = self.client.get_output()
             self.steps += 1
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
-            self._failure = exc
+            for c in batch:
+                self._failed[c.rid] = exc
         finally:
             for c in batch:
                 self._caps.pop(c.rid, None)
@@ -250,8 +255,8 @@ class _SharedEngine:
             self._cv.release()
             try:
                 self.client.abort_requests(pending)
-            except BaseException as exc:  # noqa: BLE001
-                self._failure = self._failure or exc
+            except Exception as exc:  # noqa: BLE001 - the sessions are gone either way; no request waits on it
+                logger.warning("vLLM abort of %d request(s) failed: %r", len(pending), exc)
             finally:
                 self._cv.acquire()
 
@@ -365,29 +370,23 @@ class VLLMBackend:
 
     # -- lanes -----------------------------------------------------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request. The parked lane of the previous request is reused when ``prefix`` extends a
+        """A lane for a new request. The parked lane of a previous request is reused when ``prefix`` extends a
         part of it (its vLLM session goes on: nothing is recomputed); otherwise the lane is empty and vLLM's prefix
         cache still serves every full KV block of ``prefix`` that any earlier request computed."""
         parked, self._parked = self._parked, None
-        if parked is not None and parked in self._lanes and prefix:
-            held = self._lanes[parked].tokens
-            common = 0
-            limit = min(len(held), len(prefix))
-            while common < limit and held[common] == prefix[common]:
-                common += 1
+        if parked is not None and parked in self._lanes:
+            common = common_prefix(self._lanes[parked].tokens, prefix or [])
             if common:
-                for other in [i for i in self._lanes if i != parked]:
-                    self.release(other)
                 self.truncate(parked, common)
                 return parked
-        if self._lanes:
-            self.release_all()
+            self.release(parked)
         return self._add(_Lane())
 
     def park(self, lane: int) -> None:
-        """End of request: free every other lane and keep ``lane`` (and its session) for the next request."""
-        for other in [i for i in self._lanes if i != lane]:
-            self.release(other)
+        """End of request: keep ``lane`` (and its session) for a later request, in place of the lane parked
+        before; other requests' lanes are untouched."""
+        if self._parked is not None and self._parked != lane and self._parked in self._lanes:
+            self.release(self._parked)
         self._parked = lane
 
     def fork(self, parent: int) -> int:

@@ -237,12 +237,11 @@ class VLLMServerBackend:
     # -- lanes (client-side only: the server's prefix cache holds the KV) ------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
         """An empty lane: the server's prefix cache already reuses whatever of ``prefix`` it computed before."""
-        self._lanes.clear()
         return self._add(_Lane())
 
     def park(self, lane: int) -> None:
         """End of request: nothing is held here (the server's prefix cache keeps the KV blocks)."""
-        self._lanes.clear()
+        self._lanes.pop(lane, None)
 
     def fork(self, parent: int) -> int:
         return self._add(_Lane(list(self._lanes[parent].tokens)))

@@ -56,6 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
     parser.add_argument("--micro", action="store_true", help="run the engine microbenchmarks instead (cost table, batched step, verify pass, RSS)")
     parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd)")
+    parser.add_argument("--concurrency", default=None, metavar="LIST",
+                        help="load mode instead: N requests at once for each N of the comma list (e.g. 1,2,4,8,16), "
+                             "plain vs SSR: throughput, p50/p95 latency, time vs one by one (load.md, load.png)")
     parser.add_argument("--data-dir", default=None,
                         help="benchmark data folder (default: $SSR_BENCH_DATA or <repo>/../shared/data)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from --out's results")
@@ -86,6 +89,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         os.environ["SSR_BENCH_THREADS"] = str(args.threads)  # for the RSS child processes
     overrides = {k: getattr(args, k) for k in BUDGETS if getattr(args, k) is not None}
+    if args.concurrency:
+        from .load import run_load
+
+        levels = [int(n) for n in _split([args.concurrency])]
+        run_load(out, levels, model=args.model, backend=args.backend, overrides=overrides,
+                 backend_kwargs=backend_kwargs(args.backend_arg), progress=not args.no_progress)
+        print((out / "load.md").read_text())
+        return 0
     if args.micro:
         from .micro import run_micro
 

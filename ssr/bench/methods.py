@@ -19,9 +19,10 @@ PLAIN = "plain"
 BARE = "bare"  # the model's own chat template, no thinking: the reference for tool-use quality, not for speed
 PROMPT_LOOKUP = "prompt-lookup"
 VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
-METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS
+LLAMA_CPP = "llama.cpp"  # plain llama.cpp: Llama.generate (llama_cpp_peer), on the llama.cpp backend
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS + (LLAMA_CPP,)
 # peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
-REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS
+REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS + (LLAMA_CPP,)
 DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
 # methods that must reproduce plain decoding's token ids exactly (greedy); prompt-lookup is compared too, but it
 # cannot replay the engine's forced text (budget forcing), so it is expected to match only where none was forced
@@ -40,6 +41,8 @@ DESCRIPTIONS = {
     "vllm": "plain vLLM decoding (LLM.generate, its own loop), same prompt ids, plain's output length",
     "vllm-ngram": "vLLM's ngram prompt-lookup speculative decoding (8 tokens, n-grams 2-4), plain's output length",
     "vllm-suffix": "vLLM's suffix decoding (Arctic Inference, 16 tokens), plain's output length",
+    "llama.cpp": "plain llama.cpp (llama-cpp-python Llama.generate, greedy, its own loop), same GGUF and prompt ids, "
+                 "plain's output length",
 }
 
 
@@ -78,7 +81,7 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
 
 def backend_methods(backend: str) -> tuple[str, ...]:
     """Every method that runs on ``backend``: the peers are tied to their backend's model (``all``)."""
-    peers = VLLM_PEERS if backend == "vllm" else (PROMPT_LOOKUP,) if backend == "transformers" else ()
+    peers = {"vllm": VLLM_PEERS, "transformers": (PROMPT_LOOKUP,), "llama.cpp": (LLAMA_CPP,)}.get(backend, ())
     return tuple(m for m in METHODS if m not in REPLAY or m in peers)
 
 
@@ -99,7 +102,7 @@ def parse_methods(spec: str | list[str] | tuple[str, ...] | None, backend: str =
     elsewhere = [n for n in names if n not in backend_methods(backend)]
     if elsewhere:
         raise ValueError(f"method(s) {elsewhere} do not run on backend {backend!r} (vllm* peers: --backend vllm; "
-                         "prompt-lookup: --backend transformers)")
+                         "prompt-lookup: --backend transformers; llama.cpp: --backend llama.cpp)")
     out = [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
     return out
 
@@ -225,10 +228,12 @@ def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dic
 
 
 def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
-    """A ``vllm_peers.VLLMPeer`` on the engine's prompt ids, ``max_tokens`` greedy tokens."""
+    """A ``vllm_peers.VLLMPeer`` (or ``llama_cpp_peer.LlamaCppPeer``: same interface) on the engine's prompt ids,
+    ``max_tokens`` greedy tokens."""
     ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
     out = peer.generate(ids, max(1, max_tokens))
     new = out["token_ids"]
     answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
     return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
-                   stats={"new_tokens": len(new), "forward_passes": out.get("steps")})
+                   stats={"new_tokens": len(new), "forward_passes": out.get("steps"),
+                          "prefill_s": out.get("prefill_s")})

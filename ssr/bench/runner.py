@@ -77,6 +77,8 @@ def config_key(model: str, backend: str, suite: str, method: str, config: SSRCon
 def _peer_settings(method: str) -> Any:
     if method == M.PROMPT_LOOKUP:
         return M.PROMPT_LOOKUP_TOKENS
+    if method == M.LLAMA_CPP:
+        return "Llama.generate greedy"
     from .vllm_peers import SPECS
 
     return SPECS.get(method)
@@ -240,12 +242,18 @@ def run_bench(run: BenchRun, engine=None) -> Path:
 
 
 class _Peers:
-    """vLLM peer workers, started on first use (one engine each) and closed at the end of the run."""
+    """vLLM peer workers (and the in-process plain llama.cpp peer), started on first use (one engine each) and
+    closed at the end of the run."""
 
     def __init__(self, run: BenchRun, engine) -> None:
         self.run, self.engine, self.live = run, engine, {}
 
     def get(self, method: str):
+        if method == M.LLAMA_CPP and method not in self.live:  # parse_methods checked: backend llama.cpp
+            from .llama_cpp_peer import peer_for
+
+            self.run.log("starting the plain llama.cpp peer ...")
+            self.live[method] = peer_for(self.engine, self.run.backend_kwargs)
         if method not in self.live:  # run_bench's parse_methods has checked that the backend is vllm
             from .vllm_peers import VLLMPeer
 
@@ -309,7 +317,7 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
     try:
         if method == M.PROMPT_LOOKUP:
             outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
-        elif method in M.VLLM_PEERS:
+        elif method in M.VLLM_PEERS or method == M.LLAMA_CPP:
             outcome = M.run_vllm_peer(peers.get(method), engine, item, max_tokens=len(plain["token_ids"]))
         elif method == M.BARE:
             outcome = M.run_engine(engine, item, cfg, thinking=False)
@@ -333,6 +341,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
     })
     if method in M.REPLAY:
         record["forward_passes"] = outcome.stats.get("forward_passes")
+        if outcome.stats.get("prefill_s") is not None:  # the llama.cpp peer: its prompt evaluation
+            record["prefill_s"] = round(outcome.stats["prefill_s"], 4)
     else:
         record.update(summarize_stats(outcome.stats))
     if plain is not None and method == M.BARE:  # another prompt by design: a quality reference, never identical
@@ -394,6 +404,8 @@ def _write_meta(run: BenchRun, engine, methods: list[str]) -> None:
         if model is not None:
             p = next(model.parameters())
             meta["dtype"], meta["device"] = str(p.dtype), str(p.device)
+        elif isinstance(getattr(getattr(engine, "backend", None), "dtype", None), str):  # llama.cpp: "gguf:Q4_K_M"
+            meta["dtype"], meta["device"] = engine.backend.dtype, str(getattr(engine.backend, "device", None))
     except Exception:  # noqa: BLE001
         pass
     (run.out / "meta.json").write_text(json.dumps(meta, indent=2, default=list))

@@ -137,6 +137,21 @@ def test_engine_is_shared_per_model_and_backend(monkeypatch):
     assert calls[-1] == ("qwen2.5-coder-1.5b-instruct", "transformers")
 
 
+def test_close_frees_the_loaded_engine_and_the_next_call_loads_again(monkeypatch):
+    import ssr
+    from tiny import tiny_engine
+
+    loaded = []
+    monkeypatch.setattr(ssr, "get_engine", lambda *a, **k: loaded.append(tiny_engine()) or loaded[-1])
+    llm = ChatSSR()
+    first = llm._get_engine()
+    first.generate([5, 6, 7], config=SSRConfig(max_think_tokens=2, max_tokens=4))  # token ids: no template
+    llm.close()
+    assert first.closed and first.backend.live_lanes == 0
+    assert llm._get_engine() is loaded[1] and len(loaded) == 2
+    llm.close()
+
+
 # -- reasoning separation -----------------------------------------------------------------------------------------
 
 
@@ -563,3 +578,23 @@ def test_stream_events_v3_with_reasoning_and_tool_calls(engine):
     assert [b["type"] for b in message.content_blocks] == ["reasoning", "text", "tool_call"]
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris"})]
     assert message.text == "Let me check."
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_batch_runs_together_and_equals_one_by_one(n):
+    """``batch`` / ``abatch`` of n prompts on one engine: its scheduler runs them together (fewer passes than their
+    sum), and every message equals the same prompt invoked alone."""
+    import asyncio
+
+    from tiny import tiny_chat_engine
+
+    engine = tiny_chat_engine(max_think_tokens=8, max_tokens=24, draft_start=2)
+    llm = ChatSSR(engine=engine)
+    prompts = ["abc"[: 1 + i % 3] + "xyz"[i % 3:] + "h" * (i % 5) for i in range(n)]
+    alone = [llm.invoke(p) for p in prompts]
+    before = engine.scheduler.passes
+    together = llm.batch(prompts, config={"max_concurrency": n})
+    assert engine.scheduler.passes - before < sum(m.response_metadata["ssr"]["forward_passes"] for m in together)
+    assert [(m.content, m.additional_kwargs) for m in together] == [(m.content, m.additional_kwargs) for m in alone]
+    async_together = asyncio.run(llm.abatch(prompts, config={"max_concurrency": n}))
+    assert [m.content for m in async_together] == [m.content for m in alone]

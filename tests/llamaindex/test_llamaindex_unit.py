@@ -318,3 +318,39 @@ async def test_function_agent_over_scripted_engine_streams_thinking():
     result = await handler
     assert str(result) == "It is 42."
     assert "".join(thinking).count("That is 42.") == 2
+
+
+def test_close_frees_the_loaded_engine_and_the_next_call_loads_again(monkeypatch):
+    import ssr
+    from tiny import tiny_engine
+
+    loaded = []
+    monkeypatch.setattr(ssr, "get_engine", lambda *a, **k: loaded.append(tiny_engine()) or loaded[-1])
+    llm = SSR()
+    first = llm.engine
+    first.generate([5, 6, 7], config=SSRConfig(max_think_tokens=2, max_tokens=4))  # token ids: no template
+    llm.close()
+    assert first.closed and first.backend.live_lanes == 0
+    assert llm.engine is loaded[1] and len(loaded) == 2
+    llm.close()
+    passed_in = FakeEngine()
+    SSR(engine=passed_in).close()  # an engine passed in is the caller's to close
+    assert passed_in.closed is False
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_concurrent_achat_runs_together_and_equals_one_by_one(n):
+    from tiny import tiny_chat_engine
+
+    engine = tiny_chat_engine(max_think_tokens=8, max_tokens=24, draft_start=2)
+    llm = SSR(engine=engine)
+    prompts = [[ChatMessage(role="user", content="abc"[: 1 + i % 3] + "h" * (i % 5))] for i in range(n)]
+    alone = [llm.chat(p).message.content for p in prompts]
+    before = engine.scheduler.passes
+
+    async def together():
+        return await asyncio.gather(*(llm.achat(p) for p in prompts))
+
+    responses = asyncio.run(together())
+    assert [r.message.content for r in responses] == alone
+    assert engine.scheduler.passes - before < sum(r.additional_kwargs["ssr"]["forward_passes"] for r in responses)

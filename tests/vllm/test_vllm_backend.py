@@ -179,6 +179,44 @@ def test_concurrent_requests_share_batches_without_cross_talk(vllm_backend):
     assert wait_until(lambda: vllm_backend.vllm_live_requests() == 0)
 
 
+def test_one_engine_schedules_concurrent_requests_into_shared_steps(vllm_engine):
+    """Requests from several threads on ONE engine: its scheduler steps them together; outputs equal alone."""
+    cfg = SSRConfig(draft_start=3, **BASE)
+    sequential = {p: vllm_engine.generate(p, config=cfg).token_ids for p in PROMPTS[:4]}
+    results: dict[str, list[int]] = {}
+    before = vllm_engine.backend.engine_steps
+    threads = [threading.Thread(target=lambda p=p: results.__setitem__(p, vllm_engine.generate(p, config=cfg)))
+               for p in PROMPTS[:4]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert {p: r.token_ids for p, r in results.items()} == sequential
+    assert vllm_engine.backend.engine_steps - before < sum(r.stats["forward_passes"] for r in results.values())
+
+
+def test_a_failed_engine_step_fails_only_its_requests(vllm_engine):
+    from ssr.backends.vllm_server import SSRBackendError
+
+    shared = vllm_engine.backend._engine
+    original, calls = shared.client.get_output, []
+
+    def fail_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected engine failure")
+        return original()
+
+    shared.client.get_output = fail_once
+    try:
+        with pytest.raises(SSRBackendError, match="injected"):
+            vllm_engine.generate(PROMPTS[0], config=SSRConfig(**BASE))
+        again = vllm_engine.generate(PROMPTS[1], config=SSRConfig(draft_start=4, **BASE))  # the engine serves on
+    finally:
+        shared.client.get_output = original
+    assert again.token_ids == vllm_engine.generate(PROMPTS[1], config=SSRConfig(enabled=False, **BASE)).token_ids
+
+
 def test_parked_lane_is_reused_by_the_next_request(vllm_backend):
     b = vllm_backend
     b.release_all()
@@ -217,7 +255,7 @@ def test_cancel_mid_stream_frees_lanes(vllm_engine):
     assert asyncio.run(consume()) == 3
     # the request's thread notices the cancellation at its next step and frees every lane and vLLM session
     assert wait_until(lambda: backend.live_lanes == 0 and backend.vllm_live_requests() == 0, timeout=60)
-    assert not vllm_engine._lock.locked() or wait_until(lambda: not vllm_engine._lock.locked(), timeout=60)
+    assert wait_until(lambda: vllm_engine.load_stats()["running"] == 0, timeout=60)
     # and the engine still answers exactly afterwards
     again = vllm_engine.generate(PROMPTS[1], config=SSRConfig(draft_start=4, **BASE))
     plain = vllm_engine.generate(PROMPTS[1], config=SSRConfig(enabled=False, **BASE))

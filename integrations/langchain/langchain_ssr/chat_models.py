@@ -82,6 +82,11 @@ _SKIPPED_BLOCKS = frozenset({"reasoning", "thinking", "redacted_thinking", "tool
 _engine_lock = threading.Lock()
 
 
+def _usable(engine: Any) -> bool:
+    """A loaded engine that has not been closed since."""
+    return engine is not None and not getattr(engine, "closed", False)
+
+
 def _accepted_arguments(cls: type) -> frozenset[str]:
     names = set(cls.model_fields) | set(_MAX_TOKENS_ALIASES)
     names |= {f.alias for f in cls.model_fields.values() if f.alias}
@@ -338,11 +343,11 @@ class ChatSSR(BaseChatModel):
             return ssr.get_engine(model, self.backend, **self._backend_kwargs())
         if self.engine is not None:
             return self.engine
-        if self._loaded is None:
+        if not _usable(self._loaded):
             import ssr
 
             with _engine_lock:
-                if self._loaded is None:
+                if not _usable(self._loaded):
                     self._loaded = ssr.get_engine(self.model, self.backend, **self._backend_kwargs())
         return self._loaded
 
@@ -350,9 +355,17 @@ class ChatSSR(BaseChatModel):
         if model is None or model == self.model:
             if self.engine is not None:
                 return self.engine
-            if self._loaded is not None:
+            if _usable(self._loaded):
                 return self._loaded
         return await asyncio.to_thread(self._get_engine, model)
+
+    def close(self) -> None:
+        """Free the engine this model loaded: its requests end, its lanes and weights are released (instances
+        naming the same model share it, and load it again on their next call). An ``engine=`` passed in is the
+        caller's to close."""
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None,
                  kwargs: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], dict[str, Any], str | None]:

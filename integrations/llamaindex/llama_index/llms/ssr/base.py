@@ -148,6 +148,7 @@ class SSR(FunctionCallingLLM):
     )
 
     _engine: Any = PrivateAttr(default=None)
+    _owns_engine: bool = PrivateAttr(default=False)
 
     def __init__(self, engine: Any = None, **kwargs: Any) -> None:
         """``engine``: an already built ``ssr.SSREngine`` to use instead of ``ssr.get_engine(model, backend)``.
@@ -167,6 +168,7 @@ class SSR(FunctionCallingLLM):
             )
         super().__init__(**normalise_settings("SSR", kwargs, _MAX_TOKENS_ALIASES))
         self._engine = engine
+        self._owns_engine = False
 
     @classmethod
     def class_name(cls) -> str:
@@ -181,14 +183,22 @@ class SSR(FunctionCallingLLM):
     @property
     def engine(self) -> Any:
         """The engine, loaded on first use from the process-wide cache (one per (model, backend))."""
-        if self._engine is None:
+        if self._engine is None or (self._owns_engine and self._engine.closed):
             from ssr import get_engine
 
             self._engine = get_engine(model=self.model, backend=self.backend, **self._backend_kwargs())
+            self._owns_engine = True
         return self._engine
 
+    def close(self) -> None:
+        """Free the engine this LLM loaded: its requests end, its lanes and weights are released (instances naming
+        the same model share it, and load it again on their next call). An ``engine=`` passed in is the caller's."""
+        if self._owns_engine and self._engine is not None:
+            self._engine.close()
+            self._engine, self._owns_engine = None, False
+
     async def _aengine(self) -> Any:
-        if self._engine is None:  # loading takes seconds: keep it off the event loop
+        if self._engine is None or (self._owns_engine and self._engine.closed):  # loading takes seconds: off the loop
             await asyncio.to_thread(lambda: self.engine)
         return self._engine
 

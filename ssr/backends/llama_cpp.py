@@ -1,0 +1,391 @@
+"""llama.cpp backend (``llama-cpp-python``): SSR on the engine local users already run, on a GGUF file as it is.
+
+Why: on CPU, llama.cpp decodes the embedded Q4_K_M model about 2x faster than the transformers backend in float32,
+and its batched API fits SSR's lanes one to one:
+
+* A lane is a llama.cpp *sequence* (a seq id) in ONE context with a unified KV cache (``kv_unified``): a ``step``
+  decodes a ``llama_batch`` holding each fed lane's tokens under its seq id, with the logits flag set only on the
+  positions whose rows are wanted; those rows are copied out of ``llama_get_logits`` as float32 torch tensors (the
+  full vocabulary, so greedy decoding and sampling both see exactly what llama.cpp computed).
+* ``fork`` is ``llama_memory_seq_cp``: in a unified cache the child's cells ARE the parent's (a cell carries a set
+  of seq ids), so a fork copies no data. ``truncate`` is ``llama_memory_seq_rm`` from the cut on; ``release``
+  removes the whole sequence and frees its seq id.
+* Exactness (``exact=True``, the default): llama.cpp's CPU matmuls switch kernels from 4 rows of a decode on, and
+  the logits of a position then differ (by up to ~0.4) from a one-token decode's: enough to flip a near-tie, so
+  SSR's multi-token verification would not reproduce plain decoding. Every wanted row (and each lane's last fed
+  token) is therefore computed in decodes of at most ``EXACT_ROWS`` rows, bitwise what a one-token decode gives;
+  a lane's earlier fed tokens (a prompt, forced text) are decoded as one batch of their own (prefill speed).
+  ``exact=False`` puts the whole step in one decode (faster many-row steps; greedy output may leave plain's).
+
+What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
+step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
+thread count and the mode (``dtype``, ``device``). Measurements: docs/backends/llama-cpp.md.
+
+The tokenizer is a Hugging Face tokenizer (the engine's chat templates and grammars need one): for the embedded
+default, the same one the transformers backend uses; for another GGUF file, the one transformers reads out of the
+GGUF (or ``tokenizer=`` a directory). Loading checks that it encodes like llama.cpp's own vocabulary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from .base import common_prefix, rows_wanted, stop_token_ids
+
+DEFAULT_N_SEQ_MAX = 32  # lanes live at once (every request's thinking lane and drafts)
+DEFAULT_N_CTX = 16384  # KV cells shared by every lane (forked lanes share their prefix's cells)
+# llama.cpp's CPU matmuls take another kernel from 4 rows of a ubatch on (repacked weights: gemm for each group of
+# 4 rows, gemv for the rest), which changes the logits by up to ~0.4; with at most 3 rows per decode every row is
+# bitwise what a one-token decode computes (measured on the embedded model: verification of 2-24 rows, lanes
+# stepped together, lanes alone after others were released)
+EXACT_ROWS = 3
+_PROBE = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 123"
+
+
+class LlamaCppError(RuntimeError):
+    pass
+
+
+def gguf_file(model_name: str | None, model_path: str | None = None) -> Path:
+    """The GGUF file to load: ``model_path`` if it is one (or a directory holding exactly one); for the embedded
+    models, their parts concatenated (no conversion) into ``$SSR_CACHE/<name>.gguf`` on first use."""
+    from ..models import EMBEDDED_MODELS, _gguf_parts, cache_dir, canonical_name
+
+    for candidate in (model_path, model_name):
+        if candidate and str(candidate).endswith(".gguf") and Path(candidate).expanduser().is_file():
+            return Path(candidate).expanduser()
+    if model_path and Path(model_path).is_dir():
+        found = sorted(Path(model_path).glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+    name = canonical_name(model_name)
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"backend 'llama.cpp' needs a GGUF file: {model_path or model_name!r} is neither a .gguf "
+                         f"file nor an embedded model ({', '.join(EMBEDDED_MODELS)})")
+    target = cache_dir() / f"{name}.gguf"
+    parts = _gguf_parts(name)
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{name}.", suffix=".gguf", delete=False) as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 24)
+    os.replace(out.name, target)
+    return target
+
+
+def _hf_tokenizer(gguf: Path, model_name: str | None, model_path: str | None, tokenizer):
+    """The Hugging Face tokenizer for ``gguf`` (see the module docstring) and the directory it came from."""
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None:  # named by the caller: a tokenizer, or where one is (an error if it is not there)
+        if not isinstance(tokenizer, (str, os.PathLike)):
+            return tokenizer, None
+        return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True), str(tokenizer)
+    source = model_path if model_path and Path(model_path).is_dir() else None
+    if source is None:
+        from ..models import EMBEDDED_MODELS, canonical_name, resolve_model
+
+        if model_name and canonical_name(model_name) in EMBEDDED_MODELS:
+            source = resolve_model(model_name)
+    if source is not None and (Path(source) / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(source, local_files_only=True), str(source)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True), None
+
+
+@dataclass
+class _Lane:
+    seq: int  # llama.cpp sequence id
+    tokens: list[int] = field(default_factory=list)
+
+
+class LlamaCppBackend:
+    """``Backend`` over one llama.cpp context: lanes are sequences of a unified KV cache.
+
+    ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
+    ``n_threads``: llama.cpp's threads (default: torch's thread count, so ``ssr bench --threads`` applies);
+    ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: wanted rows in decodes of at most
+    ``EXACT_ROWS`` rows (see the module docstring); ``repack``: llama.cpp's CPU weight repacking; ``tokenizer``: a
+    Hugging Face tokenizer or the directory of one (default: see the module docstring).
+    """
+
+    def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
+                 n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
+                 n_ubatch: int | None = None, exact: bool = True, repack: bool = True, tokenizer=None,
+                 verbose: bool = False) -> None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise ImportError("backend 'llama.cpp' needs llama-cpp-python: bash .ci/install_llama_cpp.sh "
+                              "(pip install 'ssr[llamacpp]' with the build flags it documents)") from exc
+        self._ll = ll = llama_cpp
+        logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+        gguf = gguf_file(model_name, model_path)
+        self.model_path = str(gguf)
+        self.model_name = model_name or gguf.stem
+        if not 1 <= n_seq_max <= ll.llama_max_parallel_sequences():
+            raise ValueError(f"n_seq_max must be in 1..{ll.llama_max_parallel_sequences()}, got {n_seq_max}")
+        self.n_threads = int(n_threads or torch.get_num_threads())
+        self.n_seq_max, self.n_batch = int(n_seq_max), int(min(n_batch, n_ctx))
+        self.exact = bool(exact)
+        ll.llama_backend_init()
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = bool(repack)  # llama.cpp's CPU weight repacking (faster multi-row matmuls)
+        self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
+        if not self._model:
+            raise LlamaCppError(f"llama.cpp could not load {gguf}")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx)
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = int(min(n_ubatch or self.n_batch, self.n_batch))
+        cparams.n_seq_max = self.n_seq_max
+        cparams.kv_unified = True  # one cache for every sequence: forks share cells, a fork copies nothing
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            raise LlamaCppError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max})")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.vocab_size = int(ll.llama_vocab_n_tokens(self._vocab))
+        self.context_window = int(min(ll.llama_n_ctx(self._ctx), ll.llama_model_n_ctx_train(self._model)))
+        self.file_type = self._meta("general.file_type")
+        arch = self._meta("general.architecture") or "llama"
+        self.dtype = f"gguf:{_FILE_TYPES.get(self.file_type, self.file_type)}"  # calibration cache keys
+        try:
+            self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
+        except BaseException:
+            self.close()
+            raise
+        self.config = _config(config_dir, arch)
+        eos = int(ll.llama_vocab_eos(self._vocab))
+        self.eos_token_ids = stop_token_ids(self.tokenizer, eos if eos >= 0 else None,
+                                            getattr(self.config, "eos_token_id", None))
+        try:
+            self._check_vocabulary()
+        except BaseException:
+            self.close()
+            raise
+        self._lanes: dict[int, _Lane] = {}
+        self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest
+        self._parked: int | None = None
+        self._next = 0
+        self._batch = None
+        self._batch_size = 0
+        self.decodes = 0  # llama_decode calls (forward passes)
+
+    @classmethod
+    def load(cls, model_path: str, model_name: str | None = None, **kwargs) -> "LlamaCppBackend":
+        return cls(model_path, model_name, **kwargs)
+
+    # -- model facts -----------------------------------------------------------------------------------------------
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def llama_tokenize(self, text: str, special: bool = True) -> list[int]:
+        """``text`` in llama.cpp's own tokenization (no BOS); special tokens parsed when ``special``."""
+        raw = text.encode()
+        buf = (self._ll.llama_token * (len(raw) + 16))()
+        n = self._ll.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, special)
+        if n < 0:
+            raise LlamaCppError(f"llama_tokenize needs {-n} tokens")
+        return list(buf[:n])
+
+    def _check_vocabulary(self) -> None:
+        """The engine's token ids come from the HF tokenizer: they must be llama.cpp's ids for the same text."""
+        hf = list(self.tokenizer.encode(_PROBE, add_special_tokens=False))
+        if hf != self.llama_tokenize(_PROBE):
+            raise LlamaCppError(f"the tokenizer of {self.model_name!r} does not encode like the vocabulary of "
+                                f"{self.model_path}; pass tokenizer= the matching tokenizer directory")
+        if max(hf) >= self.vocab_size:
+            raise LlamaCppError("tokenizer ids exceed the GGUF vocabulary")
+
+    @property
+    def device(self) -> str:
+        """Where and how it runs (part of the calibration cache key: the two modes cost differently)."""
+        return f"cpu:{self.n_threads}-threads" + ("" if self.exact else ":multi-row")
+
+    @property
+    def live_lanes(self) -> int:
+        return len(self._lanes)
+
+    # -- lanes -----------------------------------------------------------------------------------------------------
+    def new_lane(self, prefix: list[int] | None = None) -> int:
+        """A lane for a new request: the parked lane when ``prefix`` starts with some of its tokens (truncated to
+        the shared part, nothing recomputed), else an empty one (the parked lane is then released)."""
+        parked, self._parked = self._parked, None
+        if parked is not None and parked in self._lanes:
+            common = common_prefix(self._lanes[parked].tokens, prefix or [])
+            if common:
+                self.truncate(parked, common)
+                return parked
+            self.release(parked)
+        return self._add([])
+
+    def park(self, lane: int) -> None:
+        """Keep ``lane`` for a later request's prefix, in place of the lane parked before; no other lane moves."""
+        if self._parked is not None and self._parked != lane and self._parked in self._lanes:
+            self.release(self._parked)
+        self._parked = lane
+
+    def fork(self, parent: int) -> int:
+        src = self._lanes[parent]
+        child = self._add(src.tokens)
+        self._ll.llama_memory_seq_cp(self._mem, src.seq, self._lanes[child].seq, -1, -1)
+        return child
+
+    def length(self, lane: int) -> int:
+        return len(self._lanes[lane].tokens)
+
+    def truncate(self, lane: int, length: int) -> None:
+        state = self._lanes[lane]
+        if length < len(state.tokens):
+            if not self._ll.llama_memory_seq_rm(self._mem, state.seq, max(length, 0), -1):
+                raise LlamaCppError(f"llama.cpp could not truncate lane {lane} to {length} tokens")
+            del state.tokens[max(length, 0):]
+
+    def release(self, lane: int) -> None:
+        state = self._lanes.pop(lane)
+        if self._parked == lane:
+            self._parked = None
+        self._ll.llama_memory_seq_rm(self._mem, state.seq, -1, -1)
+        self._free_seqs.append(state.seq)
+
+    def release_all(self) -> None:
+        self._lanes.clear()
+        self._parked = None
+        self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
+        if self._ctx:  # not after close()
+            self._ll.llama_memory_clear(self._mem, True)
+
+    def _add(self, tokens: list[int]) -> int:
+        if not self._free_seqs:
+            raise LlamaCppError(f"backend 'llama.cpp' has {self.n_seq_max} lanes (n_seq_max) and all are live; "
+                                "load it with a larger n_seq_max")
+        lane = self._next
+        self._next += 1
+        self._lanes[lane] = _Lane(self._free_seqs.pop(), list(tokens))
+        return lane
+
+    # -- the batched forward pass ------------------------------------------------------------------------------------
+    def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
+        want = want or {}
+        unknown = set(feeds) - set(self._lanes)
+        if unknown:
+            raise KeyError(f"step(): no live lane {sorted(unknown)}")
+        bulk: list[list[tuple[int, int, int, bool]]] = []  # per lane: fed tokens before its wanted rows
+        rows_part: list[tuple[int, int, int, bool]] = []  # every lane's wanted rows, lane after lane
+        rows: dict[int, int] = {}
+        for lane, feed in feeds.items():
+            k = rows_wanted(lane, feed, want)
+            state = self._lanes[lane]
+            if len(state.tokens) + len(feed) > self.context_window:
+                raise LlamaCppError(f"lane {lane} would hold {len(state.tokens) + len(feed)} tokens, over the "
+                                    f"context window of {self.context_window} (n_ctx)")
+            start, cut = len(state.tokens), len(feed) - k
+            bulk.append([(state.seq, t, start + i, False) for i, t in enumerate(feed[:cut])])
+            rows_part.extend((state.seq, t, start + i, True) for i, t in enumerate(feed[cut:], cut))
+            rows[lane] = k
+        if self.exact:
+            # each lane's bulk on its own (so its numerics depend on nothing else in the step), then the wanted
+            # rows EXACT_ROWS at a time: llama.cpp's one-row kernels, bitwise what a one-token step computes
+            calls = [b[i: i + self.n_batch] for b in bulk for i in range(0, len(b), self.n_batch)]
+            calls += [rows_part[i: i + EXACT_ROWS] for i in range(0, len(rows_part), EXACT_ROWS)]
+        else:  # everything in as few decodes as n_batch allows (llama.cpp's multi-row kernels; not row-exact)
+            flat = [e for b in bulk for e in b] + rows_part
+            calls = [flat[i: i + self.n_batch] for i in range(0, len(flat), self.n_batch)]
+        try:
+            logits = torch.cat([self._decode(call) for call in calls])
+        except BaseException:
+            for lane, feed in feeds.items():  # the step did not happen: drop whatever part of it was cached
+                state = self._lanes[lane]
+                self._ll.llama_memory_seq_rm(self._mem, state.seq, len(state.tokens), -1)
+            raise
+        for lane, feed in feeds.items():
+            self._lanes[lane].tokens.extend(feed)
+        return dict(zip(rows, logits.split(list(rows.values()))))
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> torch.Tensor:
+        """One ``llama_decode`` of ``entries``; float32 logits of the wanted ones, in order (``[0, vocab]`` if
+        none)."""
+        batch = self._batch_for(len(entries))
+        for i, (seq, token, pos, wanted) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = wanted
+        batch.n_tokens = len(entries)
+        code = self._ll.llama_decode(self._ctx, batch)
+        self.decodes += 1
+        if code != 0:
+            raise LlamaCppError(f"llama_decode returned {code}" + (
+                " (no KV slot: more tokens live than n_ctx holds; load the backend with a larger n_ctx)"
+                if code == 1 else ""))
+        n_out = sum(1 for e in entries if e[3])
+        if not n_out:
+            return torch.empty(0, self.vocab_size)
+        ptr = self._ll.llama_get_logits(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
+
+    def _batch_for(self, n: int):
+        if n > self._batch_size:
+            if self._batch is not None:
+                self._ll.llama_batch_free(self._batch)
+            self._batch = self._ll.llama_batch_init(max(n, 64), 0, 1)
+            self._batch_size = max(n, 64)
+        return self._batch
+
+    # -- shutdown --------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the context, the model and the batch (the backend is unusable afterwards)."""
+        ll = getattr(self, "_ll", None)
+        if ll is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = self._mem = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+        self._lanes = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _config(config_dir: str | None, arch: str):
+    """The model's transformers config when a directory has one (chat-family detection reads ``model_type``);
+    otherwise just the GGUF's architecture name."""
+    if config_dir and (Path(config_dir) / "config.json").exists():
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(config_dir, local_files_only=True)
+    return SimpleNamespace(model_type=arch)
+
+
+# general.file_type values (llama_ftype) of the common quantisations, for readable cache keys and reports
+_FILE_TYPES = {"0": "F32", "1": "F16", "2": "Q4_0", "3": "Q4_1", "7": "Q8_0", "8": "Q5_0", "9": "Q5_1",
+               "10": "Q2_K", "11": "Q3_K_S", "12": "Q3_K_M", "13": "Q3_K_L", "14": "Q4_K_S", "15": "Q4_K_M",
+               "16": "Q5_K_S", "17": "Q5_K_M", "18": "Q6_K", "32": "BF16"}
