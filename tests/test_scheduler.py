@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 
 import pytest
 
@@ -173,6 +174,7 @@ def test_cancel_while_queued_runs_no_prefill():
     (p1, c1), (p2, c2) = requests(2, seed=5)
     first = threading.Thread(target=lambda: e.generate(p1, config=c1))
     first.start()
+    _wait(lambda: e.load_stats()["running"] == 1)  # the first runs (held at its first pass) before the second queues
     cancel, errors = threading.Event(), []
 
     def queued():
@@ -198,18 +200,18 @@ def test_cancel_mid_prefill_frees_lanes():
     e = engine(prefill_chunk=4)
     (p1, c1), = requests(1, seed=9)
     expected = alone([(p1, c1)])[0]
-    cancel, chunks, seen = threading.Event(), [], {}
+    cancel, chunks = threading.Event(), []
 
     def hook(feeds):
+        time.sleep(0.02)  # a slow model: the first request is still decoding when the long one arrives
         for lane, feed in feeds.items():
-            if len(feed) == 4 and lane != seen.get("first"):
+            if feed == [5] * 4:  # a chunk of the long prompt below
                 chunks.append(lane)
                 if len(chunks) == 2:
                     cancel.set()  # after its second chunk
 
     stream = e.stream(p1, config=c1)
     next(stream)
-    seen["first"] = max(e.backend._lanes)
     e.backend.hook = hook
     errors = []
 
