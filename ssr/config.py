@@ -80,7 +80,8 @@ class SSRConfig:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         need(self.draft_support >= 1, f"draft_support must be >= 1, got {self.draft_support}")
-        need(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop}")
+        need(all(isinstance(s, str) and s for s in self.stop),
+             f"stop strings must be non-empty strings, got {self.stop}")
 
     @property
     def greedy(self) -> bool:

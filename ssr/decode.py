@@ -31,6 +31,7 @@ from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSource
 from .stats import RequestCounts, Speculation, request_stats
 from .transcript import CLOSED, CONTINUE, FINISHED, MARKER_WINDOW, REWOUND, Transcript
 
+
 @dataclass
 class Step:
     """One backend pass a request asks for: ``feeds`` and ``want`` as ``Backend.step`` takes them."""

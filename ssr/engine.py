@@ -9,8 +9,8 @@ import asyncio
 import threading
 from typing import AsyncIterator, Iterator
 
-from .backends import load_backend
-from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_prompt, parse_tool_calls, tool_call_opening
+from .backends import choose_backend, load_backend
+from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_prompt, resolve_thinking, tool_call_opening
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Request
@@ -37,7 +37,7 @@ class SSREngine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config or SSRConfig()
-        self.family = family or detect_family(tokenizer, getattr(getattr(backend, "config", None), "model_type", None))
+        self.family = family or detect_family(tokenizer, getattr(backend.config, "model_type", None))
         self.model_name = model_name or backend.model_name
         self.scheduler = Scheduler(backend, max_queue=max_queue, max_running=max_running, prefill_chunk=prefill_chunk)
         self._grammars: Grammars | None = None  # the tokenizer converted for llguidance, on first use
@@ -48,14 +48,14 @@ class SSREngine:
         self.policy = SpeculationPolicy(costs)  # this machine's step costs and the acceptance rates seen so far
 
     @classmethod
-    def from_pretrained(cls, model: str | None = None, backend: str = "transformers",
+    def from_pretrained(cls, model: str | None = None, backend: str = "auto",
                         config: SSRConfig | None = None, family: ChatFamily | None = None,
                         costs: CostTable | None = None, max_queue: int = 64, max_running: int = 16,
                         **backend_kwargs) -> "SSREngine":
         """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``, and
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
-        loaded = load_backend(backend, resolve_model(model), name, **backend_kwargs)
+        loaded = load_backend(choose_backend(backend, name), resolve_model(model), name, **backend_kwargs)
         return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs,
                    max_queue=max_queue, max_running=max_running)
 
@@ -71,8 +71,7 @@ class SSREngine:
         """End every queued and running request (``Cancelled``), free every lane, release the backend."""
         self.scheduler.close()
         self.backend.release_all()
-        if hasattr(self.backend, "close"):
-            self.backend.close()
+        self.backend.close()
         with _ENGINES_LOCK:
             for key in [k for k, engine in _ENGINES.items() if engine is self]:
                 del _ENGINES[key]
@@ -93,17 +92,18 @@ class SSREngine:
 
     # -- prompts -------------------------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt, tools: list[dict] | None = None, tool_choice: str | None = None,
-               thinking: bool = True) -> list[int]:
+               thinking: bool | None = None) -> list[int]:
         """Prompt token ids (``ssr.chat.encode_prompt`` with this engine's tokenizer, family and context window)."""
         return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window, thinking)
 
     def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
-                 thinking: bool = True, response_format: dict | None = None, **overrides) -> Request:
+                 thinking: bool | None = None, response_format: dict | None = None, **overrides) -> Request:
         unknown = set(overrides) - set(_SAMPLING)
         if unknown:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
         cfg = (config or self.config).override(**overrides)
         check_tool_choice(tools, tool_choice)
+        thinking = resolve_thinking(self.family, prompt, tools, tool_choice, thinking)
         grammar = self._grammar(response_format, tools if cfg.constrain_tool_calls else None, tool_choice)
         ids = self.encode(prompt, tools, tool_choice, thinking)
         opening = tool_call_opening(self.family, tool_choice, tools)
@@ -139,6 +139,10 @@ class SSREngine:
                              "(tool_choice=<its name>) or leave the tools out")
         if schema is None and not calls:
             return None
+        if self.family.harmony:  # its answer opens with channel headers, which these grammars do not know
+            if schema is not None:
+                raise ValueError("response_format is not supported for harmony (gpt-oss) models yet")
+            return None
         grammars, family = self.grammars(), self.family
         text = json_grammar(schema) if schema is not None else tool_call_grammar(
             tools, tool_choice, family.tool_call_open, family.tool_call_close,
@@ -154,12 +158,14 @@ class SSREngine:
 
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,
-               config: SSRConfig | None = None, thinking: bool = True, response_format: dict | None = None,
+               config: SSRConfig | None = None, thinking: bool | None = None, response_format: dict | None = None,
                timeout: float | None = None, _cancel: threading.Event | None = None,
                **overrides) -> Iterator[StreamEvent]:
         """Yield reasoning and answer deltas as they become final, then a "done" event with the result.
 
-        ``thinking=False`` answers at once, with the model's own chat template (no thinking recipe).
+        ``thinking=False`` answers at once, with the model's own chat template (no thinking recipe); ``True``
+        always thinks; ``None`` (the default) lets ``ssr.chat.resolve_thinking`` decide: an instruct model with
+        tools bound under "auto" decides on a call without thinking, and thinks once a tool result is in.
 
         ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
         {"schema": ...}}``) and bound ``tools`` constrain the answer with a grammar, in plain decoding and SSR
@@ -180,7 +186,7 @@ class SSREngine:
                     yield StreamEvent(kind, text)
         finally:
             request.cancel.set()  # a no-op once it has ended; a caller that stops reading cancels it
-        parsed = parse_tool_calls(request.transcript.answer(), tools) if tools else None
+        parsed = request.transcript.tool_calls(tools) if tools else None  # in the family's call format
         if calls is not None:
             yield from _events(calls.finish(parsed))  # also gives the parsed calls their streamed ids
         yield StreamEvent("done", result=self._result(request, parsed, job.queue_seconds))
@@ -259,8 +265,10 @@ _ENGINES: dict[tuple, SSREngine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def get_engine(model: str | None = None, backend: str = "transformers", **backend_kwargs) -> SSREngine:
-    """The process-wide engine for (model, backend): every adapter instance naming it shares one loaded model."""
+def get_engine(model: str | None = None, backend: str = "auto", **backend_kwargs) -> SSREngine:
+    """The process-wide engine for (model, backend): every adapter instance naming it shares one loaded model.
+    ``"auto"`` is the backend ``ssr.backends.choose_backend`` picks for the model."""
+    backend = choose_backend(backend, canonical_name(model))
     key = (canonical_name(model), backend, tuple(sorted((k, repr(v)) for k, v in backend_kwargs.items())))
     with _ENGINES_LOCK:
         if key not in _ENGINES:

@@ -1,4 +1,4 @@
-"""Errors a request can end with besides a backend's own (``ssr.backends.vllm_server.SSRBackendError``)."""
+"""Errors a request can end with besides a backend's own (``ssr.backends.errors.SSRBackendError``)."""
 
 from __future__ import annotations
 

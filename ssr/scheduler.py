@@ -122,8 +122,8 @@ class Scheduler:
         """Requests queued and running, the backend's live lanes and (where it says) the bytes its cache holds."""
         with self._wake:
             load = {"queued": len(self._waiting), "running": len(self._running),
-                    "live_lanes": getattr(self.backend, "live_lanes", 0)}
-        memory = getattr(self.backend, "memory_bytes", None)
+                    "live_lanes": self.backend.live_lanes}
+        memory = self.backend.memory_bytes
         if memory is not None:
             load["cache_bytes"] = memory
         return load

@@ -18,6 +18,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+
 from .chat import _FENCED, ToolCallParse, _looks_like_call, _parse_one
 
 __all__ = ["ToolCallDelta", "ToolCallStream"]
@@ -112,6 +113,8 @@ class ToolCallStream:
           emitted as content. The rest of ``parsed.content`` beyond what was emitted is emitted now, and each of
           ``parsed.tool_calls`` is emitted whole as one delta (its parse id, its name, ``json.dumps`` of its
           arguments); invalid fallback calls are not emitted (they are only the parse's invalid calls).
+          Harmony answers take this path too: their text is the final channel's alone, and ``parsed`` is
+          ``ssr.harmony``'s parse, whose calls (commentary messages) thus arrive whole here.
         """
         if self._finished:
             raise RuntimeError("finish called twice")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chat import ChatFamily
+from . import harmony
+from .chat import ChatFamily, ToolCallParse, parse_tool_calls
 from .config import SSRConfig
 
 CONTINUE, CLOSED, REWOUND, FINISHED = "continue", "closed", "rewound", "finished"
@@ -110,6 +111,8 @@ class Transcript:
         self.finish: Finish | None = None
         self.sampled = 0  # tokens the model chose (each one costs a forward pass in plain decoding)
         self.forced = 0
+        self._head = "" if thinking else family.answer_prefill  # harmony: the prompt's text that opens the answer
+        self._parsed: tuple[str, harmony.HarmonyParse] | None = None  # harmony: the last answer text parsed
         if not thinking and answer_opening:
             self._append_forced(tokenizer.encode(answer_opening, add_special_tokens=False))
 
@@ -123,7 +126,8 @@ class Transcript:
         return [] if self.answer_start is None else self.tokens[self.answer_start:]
 
     def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        """Token text; harmony's markers are special tokens, and its thinking closes on one, so they are kept."""
+        return self.tokenizer.decode(tokens, skip_special_tokens=not self.family.harmony)
 
     # -- pushing tokens --------------------------------------------------------------------------------------------
     def push(self, token: int) -> str:
@@ -254,7 +258,22 @@ class Transcript:
         raw = self.raw_answer()
         if self.finish is not None and self.finish.answer_end is not None:
             raw = raw[: self.finish.answer_end]
+        if self.family.harmony:
+            return self._harmony(raw).content
         return raw.lstrip()
+
+    def tool_calls(self, tools: list[dict] | None) -> ToolCallParse:
+        """The answer's tool calls, in the family's format (harmony: commentary messages to ``functions.NAME``)."""
+        if not self.family.harmony:
+            return parse_tool_calls(self.answer(), tools)
+        parsed = harmony.parse(self._head + self.raw_answer(), tools)
+        return ToolCallParse(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls)
+
+    def _harmony(self, raw: str) -> harmony.HarmonyParse:
+        """The harmony parse of answer text ``raw`` (kept: streaming asks for the same text again and again)."""
+        if self._parsed is None or self._parsed[0] != raw:
+            self._parsed = (raw, harmony.parse(self._head + raw))
+        return self._parsed[1]
 
     def reasoning(self) -> str:
         if self.answer_start is None and not self.reasoning_text:

@@ -12,14 +12,23 @@ request of a conversation starts from the longest common prefix (``stats["reused
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ssr import SSREngine
+from ssr.backends.base import Backend, Lane
 from ssr.costs import CostTable
 
 
-class ScriptedBackend:
+@dataclass
+class _Lane(Lane):
+    prompt_len: int | None = None  # None: learnt from its first feed, the prompt
+
+
+class ScriptedBackend(Backend):
     def __init__(self, tokenizer, close_text: str, model_name: str = "scripted", reuse_prefix: bool = False) -> None:
+        super().__init__()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.vocab_size = len(tokenizer)
@@ -29,12 +38,8 @@ class ScriptedBackend:
         self.close_text = close_text
         self.script = ""  # reasoning + close text + answer
         self.answer = ""
-        self._prompt_len: dict[int, int | None] = {}  # per lane; None: learnt from its first feed, the prompt
         self.prompts: list[list[int]] = []  # every prompt prefilled (for assertions on what the adapter sent)
-        self._lanes: dict[int, list[int]] = {}
-        self._next = 0
         self.reuse_prefix = reuse_prefix
-        self._parked: int | None = None
 
     def set_script(self, reasoning: str, answer: str, thinking: bool = True) -> None:
         """``thinking=False``: the script is the answer alone (a request made with ``thinking=False``)."""
@@ -58,7 +63,7 @@ class ScriptedBackend:
             return self.eos
         return self.tokenizer.encode(rest, add_special_tokens=False)[0]
 
-    # -- the lane protocol -----------------------------------------------------------------------------------------
+    # -- the lane protocol (the bookkeeping is ``Backend``'s) --------------------------------------------------------
     def new_lane(self, prefix: list[int] | None = None) -> int:
         """A new request's lane: empty, or (``reuse_prefix``) the parked lane of the last request cut to the
         longest prefix it shares with ``prefix``, the new prompt."""
@@ -66,70 +71,32 @@ class ScriptedBackend:
         if prefix is not None and self.reuse_prefix:
             prompt_len = len(prefix)
             self.prompts.append(list(prefix))
-        parked, self._parked = self._parked, None
-        if parked is not None:
-            held = self._lanes[parked]
-            common = 0
-            while common < min(len(held), len(prefix or [])) and held[common] == prefix[common]:
-                common += 1
-            if common:
-                del held[common:]
-                self._prompt_len[parked] = prompt_len
-                return parked
-            self.release(parked)
-        return self._add([], prompt_len)
+        lane = super().new_lane(prefix)
+        self.lanes[lane].prompt_len = prompt_len
+        return lane
 
-    def park(self, lane: int) -> None:
-        if self._parked is not None and self._parked != lane:
-            self.release(self._parked)
-        if self.reuse_prefix:
-            self._parked = lane
-        else:
-            self.release(lane)
+    def _open(self, parent: _Lane | None) -> _Lane:
+        return _Lane(prompt_len=None if parent is None else parent.prompt_len)
 
-    def fork(self, parent: int) -> int:
-        return self._add(list(self._lanes[parent]), self._prompt_len[parent])
-
-    def _add(self, tokens: list[int], prompt_len: int | None) -> int:
-        self._next += 1
-        self._lanes[self._next], self._prompt_len[self._next] = tokens, prompt_len
-        return self._next
+    def _keep_parked(self) -> bool:
+        return self.reuse_prefix
 
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
+        self.lanes.check(feeds)
         out = {}
         for lane, feed in feeds.items():
-            seq = self._lanes[lane]
-            if self._prompt_len[lane] is None:
-                self._prompt_len[lane] = len(feed)
+            state = self.lanes[lane]
+            if state.prompt_len is None:
+                state.prompt_len = len(feed)
                 self.prompts.append(list(feed))
-            seq.extend(feed)
+            state.tokens.extend(feed)
+            seq = state.tokens
             k = (want or {}).get(lane, len(feed))
             logits = torch.full((k, self.vocab_size), -30.0)
             for row, end in enumerate(range(len(seq) - k + 1, len(seq) + 1)):
-                logits[row, self._next_token(seq[:end], self._prompt_len[lane])] = 30.0
+                logits[row, self._next_token(seq[:end], state.prompt_len)] = 30.0
             out[lane] = logits
         return out
-
-    def truncate(self, lane: int, length: int) -> None:
-        del self._lanes[lane][length:]
-
-    def length(self, lane: int) -> int:
-        return len(self._lanes[lane])
-
-    def release(self, lane: int) -> None:
-        self._lanes.pop(lane, None)
-        self._prompt_len.pop(lane, None)
-        if lane == self._parked:
-            self._parked = None
-
-    def release_all(self) -> None:
-        self._lanes.clear()
-        self._prompt_len.clear()
-        self._parked = None
-
-    @property
-    def live_lanes(self) -> int:
-        return len(self._lanes)
 
 
 def scripted_engine(tokenizer, config=None, reuse_prefix: bool = False) -> SSREngine:

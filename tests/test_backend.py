@@ -1,18 +1,26 @@
-"""The transformers backend's lane protocol on a tiny model: every lane's logits equal a plain forward pass over
-that lane's tokens, whatever else shares the batch; the cache buffers grow O(log n) times and a step's copying
-does not grow with the sequence length (counted, never timed)."""
+"""The backend protocol: every backend class implements all of it. Then the transformers backend's lanes on a tiny
+model: every lane's logits equal a plain forward pass over that lane's tokens, whatever else shares the batch; the
+cache buffers grow O(log n) times and a step's copying does not grow with the sequence length (counted, never
+timed)."""
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
 import torch
 
+from scripted import ScriptedBackend
+from ssr.backends.base import Backend, missing_members
+from ssr.backends.llama_cpp import LlamaCppBackend
 from ssr.backends.transformers import TransformersBackend
+from ssr.backends.vllm import VLLMBackend
+from ssr.backends.vllm_server import VLLMServerBackend
 from tiny import tiny_model
 
 ATOL = 1e-4
+BACKEND_CLASSES = [TransformersBackend, VLLMBackend, VLLMServerBackend, LlamaCppBackend, ScriptedBackend]
 
 
 def backend(seed: int = 0) -> TransformersBackend:
@@ -27,6 +35,60 @@ def reference(b: TransformersBackend, tokens: list[int], k: int = 1) -> torch.Te
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cls", BACKEND_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_backend_class_implements_the_whole_protocol(cls):
+    """Each backend is a ``Backend`` with nothing abstract left, and its methods take the protocol's arguments (the
+    facts its constructor sets are checked on instances: here, and in each backend's own tests)."""
+    assert issubclass(cls, Backend) and not inspect.isabstract(cls)
+    assert missing_members(cls) == []
+    for name, member in vars(Backend).items():
+        if inspect.isfunction(member) and not name.startswith("__"):
+            assert inspect.signature(getattr(cls, name)).parameters.keys() == \
+                inspect.signature(member).parameters.keys(), name
+
+
+def test_backend_instances_have_every_member(tokenizer):
+    assert missing_members(backend()) == []
+    assert missing_members(ScriptedBackend(tokenizer, "</think>")) == []
+
+
+class _ListBackend(Backend):
+    """The smallest backend: lanes are token lists (no cache of its own), so only ``Backend``'s bookkeeping runs."""
+
+    model_name, vocab_size, context_window, eos_token_ids = "lists", 1, 100, frozenset()
+
+    def step(self, feeds, want=None):
+        self.lanes.check(feeds)
+        for lane, feed in feeds.items():
+            self.lanes[lane].tokens.extend(feed)
+        return {lane: torch.zeros((want or {}).get(lane, len(feed)), 1) for lane, feed in feeds.items()}
+
+
+def test_lane_table_parks_reuses_and_forks_shared_prefixes():
+    b = _ListBackend()
+    first = b.new_lane()
+    b.step({first: [1, 2, 3, 4]})
+    b.park(first)
+    again = b.new_lane([1, 2, 9])  # the parked lane, cut to the shared part
+    assert again == first and b.length(again) == 2 and b.lanes.parked is None
+    other = b.new_lane([7])
+    b.step({other: [7, 7]})
+    b.park(again)  # kept while another request is live (the default) ...
+    b.park(other)  # ... until the next lane is parked
+    assert b.live_lanes == 1 and b.lanes.parked == other
+    assert b.length(b.new_lane([5])) == 0 and b.live_lanes == 1  # nothing shared: the parked lane is released
+    b.min_shared = 2
+    live = b.new_lane()
+    b.step({live: [4, 5, 6]})
+    fork = b.new_lane([4, 5, 8])  # shares min_shared tokens with a live lane: starts as its fork
+    assert fork != live and b.length(fork) == 2 and b.length(live) == 3
+    b.park(fork)
+    b.release_all()
+    assert b.live_lanes == 0 and b.lanes.parked is None
+    with pytest.raises(KeyError, match="no live lane"):
+        b.step({fork: [1]})
 
 
 def test_step_want_and_lengths():
@@ -255,3 +317,28 @@ def test_buffered_cache_matches_dynamic_cache():
     theirs.batch_select_indices(torch.tensor([1]))
     both([[11]])
     assert ours.layers[0].keys.shape == theirs.layers[0].keys.shape == (1, 1, 7, 32)
+
+
+def test_auto_backend_is_llama_cpp_for_the_embedded_model_when_installed(monkeypatch):
+    """``"auto"`` picks llama.cpp for an embedded model when llama-cpp-python is importable and no CUDA device is;
+    transformers otherwise; ``$SSR_BACKEND`` and an explicit name win."""
+    import importlib.util
+
+    import torch
+
+    from ssr.backends import choose_backend
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.delenv("SSR_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for installed, expected in ((True, "llama.cpp"), (False, "transformers")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+            (object() if installed else None) if name == "llama_cpp" else real_find_spec(name, *a)))
+        assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == expected
+        assert choose_backend(None, "/some/local/model") == "transformers"  # not an embedded GGUF
+        assert choose_backend("vllm", "qwen2.5-coder-0.5b-instruct") == "vllm"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == "transformers"  # measured on CPU only
+    monkeypatch.setenv("SSR_BACKEND", "llama.cpp")
+    assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == "llama.cpp"

@@ -42,9 +42,9 @@ def test_bad_calls_become_invalid_never_raise():
     unknown = parse_tool_calls('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', TOOLS)
     assert "unknown tool" in unknown.invalid_tool_calls[0]["error"]
     missing = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"unit": "c"}}</tool_call>', TOOLS)
-    assert "missing required" in missing.invalid_tool_calls[0]["error"]
+    assert "'city' is a required property" in missing.invalid_tool_calls[0]["error"]
     wrong = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": 3}}</tool_call>', TOOLS)
-    assert "should be string" in wrong.invalid_tool_calls[0]["error"]
+    assert "3 is not of type 'string'" in wrong.invalid_tool_calls[0]["error"]
     enum = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "X", "unit": "k"}}'
                             '</tool_call>', TOOLS)
     assert "one of" in enum.invalid_tool_calls[0]["error"]

@@ -216,7 +216,7 @@ def test_markdown_and_kernel_text():
 def test_micro_calibration_report(tmp_path, monkeypatch):
     import types
 
-    from ssr.bench import micro
+    from ssr_bench import micro
 
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))
     engine = types.SimpleNamespace(backend=backend(), policy=types.SimpleNamespace(costs=None))

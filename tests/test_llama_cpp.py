@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ssr import SSRConfig, SSREngine
-from ssr.bench import methods as M
+from ssr_bench import methods as M
 from ssr.costs import CostTable
 from ssr.models import DEFAULT_MODEL
 
@@ -93,6 +93,9 @@ def test_vocabulary_and_stop_tokens_match_the_engine_tokenizer(backend):
 
 @pytest.mark.real_model
 def test_lane_protocol_counts(backend, prompt_ids):
+    from ssr.backends.base import missing_members
+
+    assert missing_members(backend) == []  # the whole protocol
     backend.release_all()
     lane = backend.new_lane()
     assert backend.length(lane) == 0 and backend.live_lanes == 1

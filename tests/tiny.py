@@ -6,6 +6,11 @@ thinking, hits EOS and writes stop strings by chance, and every path of the engi
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import string
+
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -102,4 +107,78 @@ def tiny_chat_engine(seed: int = 0, **config) -> SSREngine:
     backend = TransformersBackend(tiny_model(seed, vocab_size=len(TOOL_VOCAB), scale=0.5), "tiny", {0}, 0)
     backend.tokenizer = tokenizer
     return SSREngine(backend, tokenizer, config=SSRConfig(**config), model_name=f"tiny-{seed}",
+                     costs=CostTable.flat())
+
+
+# -- reasoning-model families (tests/test_families.py): chat templates written for the tests in each format ---------
+
+# the tool vocabulary plus what the families' templates and a scripted tool call spell
+FAMILY_VOCAB = TOOL_VOCAB + ["<think>", "</tool_call>", "<tool_response>", "</tool_response>",
+                             "i", "j", "k", "l", "o", "p", "q", "v", "w", "."]
+_TURNS = (  # roles by first letter; an assistant turn's tool calls as Hermes tags, a tool result in tags
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}a\n{{ CONTENT }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>\n{{ c['function'] | tojson }}\n</tool_call>{% endfor %}\n"
+    "{% elif m['role'] == 'tool' %}u\n<tool_response>\n{{ m['content'] }}\n</tool_response>\n"
+    "{% else %}{{ m['role'][0] }}\n{{ m['content'] }}\n{% endif %}{% endfor %}"
+)
+# DeepSeek-R1 distills: earlier reasoning is dropped from the history; the generation prompt opens the think block
+R1_TEMPLATE = (_TURNS.replace("{{ CONTENT }}", "{{ m['content'].split('</think>')[-1] }}")
+               + "{% if add_generation_prompt %}a\n<think>\n{% endif %}")
+# Qwen3: reasoning kept as a think block; enable_thinking=False writes an empty one and the model answers
+QWEN3_TEMPLATE = (_TURNS.replace("{{ CONTENT }}", "{% if m['reasoning_content'] %}<think>\n{{ m['reasoning_content'] }}"
+                                                  "\n</think>\n\n{% endif %}{{ m['content'] }}")
+                  + "{% if add_generation_prompt %}a\n{% if enable_thinking is defined and enable_thinking is false %}"
+                    "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+# gpt-oss names its channels in its template; SSR renders harmony with openai-harmony, never with this
+HARMONY_TEMPLATE = ("{# harmony: <|start|>role<|channel|>analysis|commentary|final<|message|>...<|end|> #}"
+                    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                    "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+HARMONY_SPECIALS = ["<|return|>", "<|call|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                    "<|endoftext|>"]
+HARMONY_VOCAB = HARMONY_SPECIALS + [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+
+
+def offline_harmony_vocab() -> None:
+    """openai-harmony downloads the o200k_base vocabulary; there is no network here, so point it at the copy that
+    litellm (a test dependency) ships, under the same cache name, unless a location is set already."""
+    if os.environ.get("TIKTOKEN_ENCODINGS_BASE") or os.environ.get("TIKTOKEN_RS_CACHE_DIR"):
+        return
+    spec = importlib.util.find_spec("litellm")
+    if spec is not None and spec.origin:
+        os.environ["TIKTOKEN_RS_CACHE_DIR"] = os.path.join(os.path.dirname(spec.origin), "litellm_core_utils",
+                                                           "tokenizers")
+
+
+def harmony_tokenizer() -> PreTrainedTokenizerFast:
+    """Harmony's markers as special tokens (as in gpt-oss's tokenizer), then printable characters one a token."""
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(HARMONY_VOCAB)}, unk_token="?"))
+    markers = "|".join(re.escape(t) for t in HARMONY_SPECIALS)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{markers}|\\n|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>", pad_token="<|endoftext|>",
+                                        unk_token="?")
+    tokenizer.add_special_tokens({"additional_special_tokens": HARMONY_SPECIALS[1:]})
+    tokenizer.chat_template = HARMONY_TEMPLATE
+    return tokenizer
+
+
+def family_engine(template: str | None, seed: int = 0, attention: float = 0.4, scale: float = 0.5,
+                  **config) -> SSREngine:
+    """A tiny engine whose family comes from its chat template (``detect_family``), as a real model's would;
+    ``template=None``: harmony, with gpt-oss's end tokens (<|return|>, <|call|>)."""
+    from ssr import SSRConfig
+
+    if template is None:
+        offline_harmony_vocab()
+        tokenizer = harmony_tokenizer()
+        eos = {tokenizer.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")}
+    else:
+        tokenizer = tiny_tokenizer(FAMILY_VOCAB)
+        tokenizer.chat_template = template
+        eos = {0}
+    model = tiny_model(seed, vocab_size=len(tokenizer), attention=attention, scale=scale)
+    backend = TransformersBackend(model, "tiny", eos, min(eos))
+    backend.tokenizer = tokenizer
+    return SSREngine(backend, tokenizer, config=SSRConfig(**config), model_name=f"tiny-family-{seed}",
                      costs=CostTable.flat())

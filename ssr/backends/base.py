@@ -1,36 +1,111 @@
-"""The one small protocol every backend implements.
+"""The protocol every backend implements, and the lane bookkeeping they share.
 
 A backend runs forward passes over *lanes*: independent token sequences that share one model (the thinking
 stream, each draft, the answer). It knows nothing of drafts, acceptance or requests: it appends tokens to lanes in
 one batched pass and reports the logits at the positions asked for. The engine's scheduler puts the lanes of every
 live request into one ``step``, so lanes of several requests are live at once and each request frees its own.
+
+Every backend subclasses ``Backend``: the class lists everything the engine uses of a backend, and implements the
+lane bookkeeping once (lane ids, each lane's tokens, the parked lane and prefix reuse, in a ``LaneTable``), so a
+backend writes only ``step`` and its own cache operations (``_open``, ``_cut``, ``_free``).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import itertools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
 
 import torch
 
 
-class Backend(Protocol):
+@dataclass(kw_only=True)
+class Lane:
+    """One lane's state: its committed tokens; a backend's subclass adds where its cache holds them."""
+
+    tokens: list[int] = field(default_factory=list)
+
+
+class LaneTable:
+    """A backend's live lanes by id, and the one parked lane (kept from a finished request for the next one's
+    prefix). It holds no cache: the backend frees a lane's cache when the lane leaves the table."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[int, Lane] = {}
+        self._ids = itertools.count()  # never reused: a stale id fails loudly
+        self.parked: int | None = None
+
+    def add(self, state: Lane) -> int:
+        lane = next(self._ids)
+        self._lanes[lane] = state
+        return lane
+
+    def pop(self, lane: int) -> Lane:
+        state = self._lanes.pop(lane)
+        if lane == self.parked:
+            self.parked = None
+        return state
+
+    def clear(self) -> list[Lane]:
+        states, self._lanes, self.parked = list(self._lanes.values()), {}, None
+        return states
+
+    def __getitem__(self, lane: int) -> Lane:
+        return self._lanes[lane]
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def values(self):
+        return self._lanes.values()
+
+    def items(self):
+        return self._lanes.items()
+
+    def check(self, feeds: dict[int, list[int]]) -> None:
+        """Refuse a step that names a lane that is not live, before any work."""
+        unknown = set(feeds) - set(self._lanes)
+        if unknown:
+            raise KeyError(f"step(): no live lane {sorted(unknown)}")
+
+    def take_parked(self, prefix: list[int]) -> tuple[int | None, int]:
+        """Unpark the parked lane: it and how many leading tokens it shares with ``prefix`` ((None, 0): none)."""
+        parked, self.parked = self.parked, None
+        return (None, 0) if parked is None else (parked, common_prefix(self._lanes[parked].tokens, prefix))
+
+    def longest_shared(self, prefix: list[int]) -> tuple[int | None, int]:
+        """The live lane sharing the most leading tokens with ``prefix`` (the newest among equals), and how many."""
+        common, lane = max(((common_prefix(s.tokens, prefix), lane) for lane, s in self._lanes.items()),
+                           default=(0, None))
+        return lane, common
+
+
+class Backend(ABC):
+    """Everything the engine, its scheduler and the calibration use of a backend.
+
+    Lane methods are implemented here over ``self.lanes``; a subclass implements ``step`` and the hooks that act
+    on its cache. ``min_shared``: a new request whose prompt shares at least this many leading tokens with a live
+    lane starts as a fork of it (None: never)."""
+
     model_name: str
     vocab_size: int
-    context_window: int
+    context_window: int  # tokens a lane may hold
     eos_token_ids: frozenset[int]
+    tokenizer: Any = None  # the Hugging Face tokenizer whose ids the lanes hold (``SSREngine.from_pretrained``)
+    config: Any = None  # the model's config: its ``model_type`` tells the chat family; None: unknown
+    dtype: Any = None  # with ``device`` and ``cost_version``: part of the cost table's cache key
+    device: Any = None
+    cost_version: str | None = None  # a backend whose step code changed costs gets a new key (re-measured)
+    memory_bytes: int | None = None  # bytes its cache holds now, where it knows (load reports)
+    min_shared: int | None = None
+    lanes: LaneTable
 
-    def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request (other requests' lanes may be live). It may already hold a cached prefix of
-        ``prefix`` (``length`` says how many tokens: a parked lane whose tokens start it); a backend without prefix
-        reuse returns an empty lane."""
+    def __init__(self) -> None:
+        self.lanes = LaneTable()
 
-    def park(self, lane: int) -> None:
-        """End of a request whose other lanes are already released: ``lane`` may be kept for a later request's
-        prefix (replacing a lane parked before) or released; no other live lane is touched."""
-
-    def fork(self, parent: int) -> int:
-        """A new lane holding a copy of ``parent``'s tokens (its cache rows, up to the fork point)."""
-
+    # -- the forward pass ----------------------------------------------------------------------------------------
+    @abstractmethod
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
         """Append ``feeds[lane]`` to each lane in ONE batched forward pass.
 
@@ -38,17 +113,101 @@ class Backend(Protocol):
         fed positions (row ``i`` predicts the token after the ``i``-th of those positions).
         """
 
+    # -- lanes ---------------------------------------------------------------------------------------------------
+    def new_lane(self, prefix: list[int] | None = None) -> int:
+        """A lane for a new request (other requests' lanes may be live). It already holds the longest cached
+        prefix of ``prefix`` it can (``length`` says how many tokens): the parked lane cut to the part it shares
+        with ``prefix``, or a fork of the live lane sharing at least ``min_shared`` tokens; else it is empty."""
+        prefix = prefix or []
+        parked, common = self.lanes.take_parked(prefix)
+        if parked is not None:
+            if common:
+                self.truncate(parked, common)
+                return parked
+            self.release(parked)
+        if self.min_shared is not None:
+            source, common = self.lanes.longest_shared(prefix)
+            if source is not None and common >= self.min_shared:
+                lane = self.fork(source)
+                self.truncate(lane, common)
+                return lane
+        return self.lanes.add(self._open(None))
+
+    def park(self, lane: int) -> None:
+        """End of a request whose other lanes are already released: ``lane`` replaces the lane parked before (for
+        a later request's prefix) where ``_keep_parked`` says so, else it is released; no other live lane is
+        touched."""
+        if self.lanes.parked not in (None, lane):
+            self.release(self.lanes.parked)
+        if self._keep_parked():
+            self.lanes.parked = lane
+        else:
+            self.release(lane)
+
+    def fork(self, parent: int) -> int:
+        """A new lane holding a copy of ``parent``'s tokens (its cache, up to the fork point)."""
+        source = self.lanes[parent]
+        state = self._open(source)
+        state.tokens = list(source.tokens)
+        return self.lanes.add(state)
+
     def truncate(self, lane: int, length: int) -> None:
         """Forget every token of ``lane`` after its first ``length`` tokens (rejected proposals)."""
+        state, length = self.lanes[lane], max(length, 0)
+        if length < len(state.tokens):
+            self._cut(state, length)
+            del state.tokens[length:]
 
     def length(self, lane: int) -> int:
         """Number of tokens the lane holds."""
+        return len(self.lanes[lane].tokens)
 
     def release(self, lane: int) -> None:
         """Free the lane and its memory now."""
+        self._free(self.lanes.pop(lane))
 
     def release_all(self) -> None:
-        """Free every lane of every request (calibration, shutdown)."""
+        """Free every lane of every request, the parked one too (calibration, shutdown)."""
+        self._free_all(self.lanes.clear())
+
+    @property
+    def live_lanes(self) -> int:
+        """Lanes live now, the parked one included."""
+        return len(self.lanes)
+
+    def close(self) -> None:
+        """Free every lane and whatever else the backend holds (the engine's ``close``)."""
+        self.release_all()
+
+    # -- the hooks on the backend's cache ----------------------------------------------------------------------
+    def _open(self, parent: Lane | None) -> Lane:
+        """The state of a new lane: an empty cache, or (``parent``) a copy of the parent's; ``tokens`` are set by
+        the caller. This default suits a backend that holds no cache of its own."""
+        return Lane()
+
+    def _cut(self, state: Lane, length: int) -> None:
+        """Drop the cache of the lane's tokens from ``length`` on (called before its ``tokens`` are cut)."""
+
+    def _free(self, state: Lane) -> None:
+        """Free the cache of a lane that has left the table."""
+
+    def _free_all(self, states: list[Lane]) -> None:
+        """Free the caches of every lane (they have left the table)."""
+        for state in states:
+            self._free(state)
+
+    def _keep_parked(self) -> bool:
+        """Whether ``park`` keeps the lane (the previous parked lane is already released)."""
+        return True
+
+
+def missing_members(backend) -> list[str]:
+    """The members of the protocol ``backend`` (a class or an instance) lacks: a class shows its methods and
+    defaults, an instance also the facts its constructor sets (the tests check every backend)."""
+    names = set(get_type_hints(Backend)) | {name for name in vars(Backend) if not name.startswith("_")}
+    if isinstance(backend, type):
+        names -= {name for name in get_type_hints(Backend) if not hasattr(Backend, name)}
+    return sorted(name for name in names if not hasattr(backend, name))
 
 
 # end-of-text / end-of-turn markers of the chat families: a model that emits one has ended its turn

@@ -33,14 +33,15 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from .base import common_prefix, rows_wanted, stop_token_ids
+from .base import Backend, Lane, rows_wanted, stop_token_ids
+from .errors import LlamaCppError
 
 DEFAULT_N_SEQ_MAX = 32  # lanes live at once (every request's thinking lane and drafts)
 DEFAULT_N_CTX = 16384  # KV cells shared by every lane (forked lanes share their prefix's cells)
@@ -50,10 +51,6 @@ DEFAULT_N_CTX = 16384  # KV cells shared by every lane (forked lanes share their
 # stepped together, lanes alone after others were released)
 EXACT_ROWS = 3
 _PROBE = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 123"
-
-
-class LlamaCppError(RuntimeError):
-    pass
 
 
 def gguf_file(model_name: str | None, model_path: str | None = None) -> Path:
@@ -105,12 +102,11 @@ def _hf_tokenizer(gguf: Path, model_name: str | None, model_path: str | None, to
 
 
 @dataclass
-class _Lane:
+class _Lane(Lane):
     seq: int  # llama.cpp sequence id
-    tokens: list[int] = field(default_factory=list)
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
     """``Backend`` over one llama.cpp context: lanes are sequences of a unified KV cache.
 
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
@@ -129,6 +125,7 @@ class LlamaCppBackend:
         except ImportError as exc:
             raise ImportError("backend 'llama.cpp' needs llama-cpp-python: bash .ci/install_llama_cpp.sh "
                               "(pip install 'ssr[llamacpp]' with the build flags it documents)") from exc
+        super().__init__()
         self._ll = ll = llama_cpp
         logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
         gguf = gguf_file(model_name, model_path)
@@ -179,10 +176,7 @@ class LlamaCppBackend:
         except BaseException:
             self.close()
             raise
-        self._lanes: dict[int, _Lane] = {}
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest
-        self._parked: int | None = None
-        self._next = 0
         self._batch = None
         self._batch_size = 0
         self.decodes = 0  # llama_decode calls (forward passes)
@@ -220,80 +214,40 @@ class LlamaCppBackend:
         """Where and how it runs (part of the calibration cache key: the two modes cost differently)."""
         return f"cpu:{self.n_threads}-threads" + ("" if self.exact else ":multi-row")
 
-    @property
-    def live_lanes(self) -> int:
-        return len(self._lanes)
+    # -- lane hooks: a lane is a llama.cpp sequence ---------------------------------------------------------------
+    # The parked lane goes on for the next request whose prompt starts with some of its tokens (nothing recomputed).
+    def _open(self, parent: _Lane | None) -> _Lane:
+        if not self._free_seqs:
+            raise LlamaCppError(f"backend 'llama.cpp' has {self.n_seq_max} lanes (n_seq_max) and all are live; "
+                                "load it with a larger n_seq_max")
+        state = _Lane(seq=self._free_seqs.pop())
+        if parent is not None:  # the child's cells ARE the parent's: nothing is copied
+            self._ll.llama_memory_seq_cp(self._mem, parent.seq, state.seq, -1, -1)
+        return state
 
-    # -- lanes -----------------------------------------------------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request: the parked lane when ``prefix`` starts with some of its tokens (truncated to
-        the shared part, nothing recomputed), else an empty one (the parked lane is then released)."""
-        parked, self._parked = self._parked, None
-        if parked is not None and parked in self._lanes:
-            common = common_prefix(self._lanes[parked].tokens, prefix or [])
-            if common:
-                self.truncate(parked, common)
-                return parked
-            self.release(parked)
-        return self._add([])
+    def _cut(self, state: _Lane, length: int) -> None:
+        if not self._ll.llama_memory_seq_rm(self._mem, state.seq, length, -1):
+            raise LlamaCppError(f"llama.cpp could not truncate sequence {state.seq} to {length} tokens")
 
-    def park(self, lane: int) -> None:
-        """Keep ``lane`` for a later request's prefix, in place of the lane parked before; no other lane moves."""
-        if self._parked is not None and self._parked != lane and self._parked in self._lanes:
-            self.release(self._parked)
-        self._parked = lane
-
-    def fork(self, parent: int) -> int:
-        src = self._lanes[parent]
-        child = self._add(src.tokens)
-        self._ll.llama_memory_seq_cp(self._mem, src.seq, self._lanes[child].seq, -1, -1)
-        return child
-
-    def length(self, lane: int) -> int:
-        return len(self._lanes[lane].tokens)
-
-    def truncate(self, lane: int, length: int) -> None:
-        state = self._lanes[lane]
-        if length < len(state.tokens):
-            if not self._ll.llama_memory_seq_rm(self._mem, state.seq, max(length, 0), -1):
-                raise LlamaCppError(f"llama.cpp could not truncate lane {lane} to {length} tokens")
-            del state.tokens[max(length, 0):]
-
-    def release(self, lane: int) -> None:
-        state = self._lanes.pop(lane)
-        if self._parked == lane:
-            self._parked = None
+    def _free(self, state: _Lane) -> None:
         self._ll.llama_memory_seq_rm(self._mem, state.seq, -1, -1)
         self._free_seqs.append(state.seq)
 
-    def release_all(self) -> None:
-        self._lanes.clear()
-        self._parked = None
+    def _free_all(self, states: list[Lane]) -> None:
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
         if self._ctx:  # not after close()
             self._ll.llama_memory_clear(self._mem, True)
 
-    def _add(self, tokens: list[int]) -> int:
-        if not self._free_seqs:
-            raise LlamaCppError(f"backend 'llama.cpp' has {self.n_seq_max} lanes (n_seq_max) and all are live; "
-                                "load it with a larger n_seq_max")
-        lane = self._next
-        self._next += 1
-        self._lanes[lane] = _Lane(self._free_seqs.pop(), list(tokens))
-        return lane
-
     # -- the batched forward pass ------------------------------------------------------------------------------------
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
         want = want or {}
-        unknown = set(feeds) - set(self._lanes)
-        if unknown:
-            raise KeyError(f"step(): no live lane {sorted(unknown)}")
+        self.lanes.check(feeds)
         bulk: list[list[tuple[int, int, int, bool]]] = []  # per lane: fed tokens before its wanted rows
         rows_part: list[tuple[int, int, int, bool]] = []  # every lane's wanted rows, lane after lane
         rows: dict[int, int] = {}
         for lane, feed in feeds.items():
             k = rows_wanted(lane, feed, want)
-            state = self._lanes[lane]
+            state = self.lanes[lane]
             if len(state.tokens) + len(feed) > self.context_window:
                 raise LlamaCppError(f"lane {lane} would hold {len(state.tokens) + len(feed)} tokens, over the "
                                     f"context window of {self.context_window} (n_ctx)")
@@ -312,12 +266,12 @@ class LlamaCppBackend:
         try:
             logits = torch.cat([self._decode(call) for call in calls])
         except BaseException:
-            for lane, feed in feeds.items():  # the step did not happen: drop whatever part of it was cached
-                state = self._lanes[lane]
+            for lane in feeds:  # the step did not happen: drop whatever part of it was cached
+                state = self.lanes[lane]
                 self._ll.llama_memory_seq_rm(self._mem, state.seq, len(state.tokens), -1)
             raise
         for lane, feed in feeds.items():
-            self._lanes[lane].tokens.extend(feed)
+            self.lanes[lane].tokens.extend(feed)
         return dict(zip(rows, logits.split(list(rows.values()))))
 
     def _decode(self, entries: list[tuple[int, int, int, bool]]) -> torch.Tensor:
@@ -366,7 +320,7 @@ class LlamaCppBackend:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
-        self._lanes = {}
+        self.lanes.clear()
 
     def __del__(self) -> None:
         try:

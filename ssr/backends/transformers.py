@@ -14,8 +14,8 @@ DESIGN.md), so no choice is built in; until measured, ``F.linear`` runs everywhe
 
 Several requests share the cache, one row per lane; a new request's lane starts as a fork of the live lane that
 shares the longest prefix with its prompt (a common system prompt is prefilled once). A step computes only the
-rows from the first fed lane's to the last's (a new request's prefill is the last row alone), and when requests leave, the columns no lane holds any
-more are compacted away once they are half of the cache.
+rows from the first fed lane's to the last's (a new request's prefill is the last row alone), and when requests
+leave, the columns no lane holds any more are compacted away once they are half of the cache.
 
 A finished request's thinking lane stays parked while no other lane is live: the next request whose prompt extends
 it (an agent's next step: same conversation plus a tool result) starts from that cache and prefills only the new
@@ -30,9 +30,9 @@ from functools import partial
 
 import torch
 
-from .base import Backend, common_prefix, rows_wanted, stop_token_ids
-from .kernels import DEFAULT_KERNELS, SELECT_ROWS, KernelChoice, choose_kernels, kernel_ranges, time_kernels
 from . import lane_attention
+from .base import Backend, Lane, rows_wanted, stop_token_ids
+from .kernels import DEFAULT_KERNELS, SELECT_ROWS, KernelChoice, choose_kernels, kernel_ranges, time_kernels
 from .kv_cache import BufferedCache
 
 __all__ = ["TransformersBackend", "BufferedCache", "kernel_ranges"]
@@ -41,15 +41,17 @@ __all__ = ["TransformersBackend", "BufferedCache", "kernel_ranges"]
 
 
 @dataclass
-class _Lane:
+class _Lane(Lane):
     row: int
     columns: list[int] = field(default_factory=list)  # cache column of each of the lane's tokens, in order
-    tokens: list[int] = field(default_factory=list)
 
 
 class TransformersBackend(Backend):
     cost_version = "lane-attention"  # part of the cost table's cache key: tables measured before it are stale
+    min_shared = 16  # a new request forks a live lane sharing this much of its prompt (its system prompt)
+
     def __init__(self, model, model_name: str, eos_token_ids, pad_token_id: int) -> None:
+        super().__init__()
         self.model = model.eval()
         self.model_name = model_name
         self.config = model.config
@@ -59,15 +61,12 @@ class TransformersBackend(Backend):
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self._lanes: dict[int, _Lane] = {}
-        self._next_id = 0
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self._cache = BufferedCache(layers, max_columns=self.context_window)
         self._mask_buf = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [rows, columns]: True = visible
         self._columns = 0  # used cache columns
         self._mask_bytes = 0
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
-        self._parked: int | None = None  # lane kept from the previous request for prefix reuse
         self._choice = KernelChoice()
         self.kernels: list[tuple[int | None, str]] = list(DEFAULT_KERNELS)
         if self.device.type == "cpu":
@@ -140,80 +139,41 @@ class TransformersBackend(Backend):
         """Bytes written into the cache and mask buffers (new columns, forked rows, reallocation copies)."""
         return self._cache.bytes_written + self._mask_bytes
 
-    # -- lanes -------------------------------------------------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None, min_shared: int = 16) -> int:
-        """A lane for a new request; it already holds the longest cached prefix of ``prefix`` (see ``length``):
-        the parked lane itself, or a fork of the live lane sharing the most tokens with ``prefix`` (requests with
-        one system prompt prefill it once) when they share at least ``min_shared``."""
-        parked, self._parked = self._parked, None
-        if parked is not None:
-            common = common_prefix(self._lanes[parked].tokens, prefix or [])
-            if common:
-                self.truncate(parked, common)
-                return parked
-            self.release(parked)
-        shared = max(((common_prefix(state.tokens, prefix or []), lane_id) for lane_id, state in self._lanes.items()),
-                     default=(0, None))
-        if shared[0] >= min_shared:
-            lane = self.fork(shared[1])
-            self.truncate(lane, shared[0])
-            return lane
-        return self._add(_Lane(row=self._add_row(None)))
+    # -- lane hooks: a lane is a row of the cache ----------------------------------------------------------------
+    def _open(self, parent: _Lane | None) -> _Lane:
+        """A new last row: a copy of ``parent``'s (the same columns), or one that sees no column."""
+        if parent is None:
+            return _Lane(row=self._add_row(None))
+        return _Lane(row=self._add_row(parent.row), columns=list(parent.columns))
 
-    def park(self, lane: int) -> None:
-        """Keep ``lane`` for the next request's prefix while it is the only live lane; with other requests live it
-        is released (every step would carry its row)."""
-        if self._parked is not None and self._parked != lane:
-            self.release(self._parked)
-        if len(self._lanes) > 1:
-            self.release(lane)
-        else:
-            self._parked = lane
+    def _cut(self, state: _Lane, length: int) -> None:
+        first = state.columns[length]
+        self._mask_buf[state.row, first: self._columns] = False  # the row's tail holds no other visible column
+        self._mask_bytes += self._columns - first
+        del state.columns[length:]
+        self._crop_unused()
 
-    def fork(self, parent: int) -> int:
-        src = self._lanes[parent]
-        row = self._add_row(src.row)
-        return self._add(_Lane(row=row, columns=list(src.columns), tokens=list(src.tokens)))
-
-    def release(self, lane: int) -> None:
-        gone = self._lanes.pop(lane)
-        if lane == self._parked:
-            self._parked = None
-        if not self._lanes:
+    def _free(self, state: _Lane) -> None:
+        if not self.lanes:
             self._reset()
             return
         last = self._cache.rows - 1
-        if gone.row != last:  # the last row moves into the freed one
-            self._mask_buf[gone.row, : self._columns] = self._mask_buf[last, : self._columns]
+        if state.row != last:  # the last row moves into the freed one
+            self._mask_buf[state.row, : self._columns] = self._mask_buf[last, : self._columns]
             self._mask_bytes += self._columns
-            for other in self._lanes.values():
+            for other in self.lanes.values():
                 if other.row == last:
-                    other.row = gone.row
-        self._cache.remove_row(gone.row)
+                    other.row = state.row
+        self._cache.remove_row(state.row)
         self._crop_unused()
         self._compact()
 
-    def release_all(self) -> None:
-        self._lanes.clear()
-        self._parked = None
+    def _free_all(self, states: list[Lane]) -> None:
         self._reset()
 
-    def length(self, lane: int) -> int:
-        return len(self._lanes[lane].columns)
-
-    def truncate(self, lane: int, length: int) -> None:
-        state = self._lanes[lane]
-        if length < len(state.columns):
-            first = state.columns[length]
-            self._mask_buf[state.row, first: self._columns] = False  # the row's tail holds no other visible column
-            self._mask_bytes += self._columns - first
-            del state.columns[length:]
-            del state.tokens[length:]
-            self._crop_unused()
-
-    @property
-    def live_lanes(self) -> int:
-        return len(self._lanes)
+    def _keep_parked(self) -> bool:
+        """Only while no other lane is live: with other requests live every step would carry its row."""
+        return len(self.lanes) == 1
 
     @property
     def _mask(self) -> torch.Tensor:
@@ -223,23 +183,21 @@ class TransformersBackend(Backend):
     @torch.no_grad()
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
         want = want or {}
-        unknown = set(feeds) - set(self._lanes)
-        if unknown:
-            raise KeyError(f"step(): no live lane {sorted(unknown)}")
+        self.lanes.check(feeds)
         sizes = [rows_wanted(lane_id, tokens, want) for lane_id, tokens in feeds.items()]  # checked before any work
-        fed_rows = [self._lanes[lane_id].row for lane_id in feeds]
+        fed_rows = [self.lanes[lane_id].row for lane_id in feeds]
         lo, hi = min(fed_rows), max(fed_rows) + 1  # only these rows are computed (other requests' lanes wait)
         width = max(len(tokens) for tokens in feeds.values())
         past = self._columns
         input_ids = torch.full((hi - lo, width), self.pad_token_id, dtype=torch.long, device=self.device)
         new_mask = torch.zeros(self._cache.rows, width, dtype=torch.bool, device=self.device)
         positions = torch.zeros(hi - lo, width, dtype=torch.long, device=self.device)
-        for state in self._lanes.values():
+        for state in self.lanes.values():
             if lo <= state.row < hi:
                 start = len(state.columns)
                 positions[state.row - lo] = torch.arange(start, start + width, device=self.device)
         for lane_id, tokens in feeds.items():
-            row = self._lanes[lane_id].row
+            row = self.lanes[lane_id].row
             input_ids[row - lo, : len(tokens)] = torch.tensor(tokens, device=self.device)
             new_mask[row, : len(tokens)] = True
         self._reserve(self._cache.rows, past + width)
@@ -260,7 +218,7 @@ class TransformersBackend(Backend):
         self._columns = past + width
         picked = []
         for (lane_id, tokens), keep in zip(feeds.items(), sizes):
-            state = self._lanes[lane_id]
+            state = self.lanes[lane_id]
             state.columns.extend(range(past, past + len(tokens)))
             state.tokens.extend(tokens)
             picked.append(hidden[state.row - lo, len(tokens) - keep: len(tokens)])
@@ -270,7 +228,7 @@ class TransformersBackend(Backend):
     def _row_columns(self, lo: int, hi: int, past: int, feeds: dict[int, list[int]]) -> list[torch.Tensor]:
         """Per computed row, the cache columns its lane holds after this pass (what its attention reads)."""
         columns: list[list[int]] = [[] for _ in range(lo, hi)]
-        for lane_id, state in self._lanes.items():
+        for lane_id, state in self.lanes.items():
             if lo <= state.row < hi:
                 fed = len(feeds.get(lane_id, ()))
                 columns[state.row - lo] = state.columns + list(range(past, past + fed))
@@ -283,12 +241,6 @@ class TransformersBackend(Backend):
         return logits
 
     # -- housekeeping ----------------------------------------------------------------------------------------------
-    def _add(self, lane: _Lane) -> int:
-        lane_id = self._next_id
-        self._next_id += 1
-        self._lanes[lane_id] = lane
-        return lane_id
-
     def _add_row(self, src: int | None) -> int:
         """A new last row of the cache and mask: a copy of row ``src``, or empty (every column hidden)."""
         self._reserve(self._cache.rows + 1, self._columns)
@@ -316,7 +268,7 @@ class TransformersBackend(Backend):
     def _compact(self, min_columns: int = 256) -> None:
         """Drop the cache columns no lane holds (left by requests that ended) once they are half of the cache, so
         that a long-running engine's steps attend over the live requests' tokens only."""
-        used = sorted({c for state in self._lanes.values() for c in state.columns})
+        used = sorted({c for state in self.lanes.values() for c in state.columns})
         if self._columns < min_columns or len(used) * 2 > self._columns:
             return
         index = torch.tensor(used, dtype=torch.long, device=self.device)
@@ -325,13 +277,13 @@ class TransformersBackend(Backend):
         self._mask_buf[:rows, : len(used)] = self._mask_buf[:rows, index]
         self._mask_bytes += rows * len(used)
         new_column = {c: i for i, c in enumerate(used)}
-        for state in self._lanes.values():
+        for state in self.lanes.values():
             state.columns = [new_column[c] for c in state.columns]
         self._columns = len(used)
 
     def _crop_unused(self) -> None:
         """Drop trailing cache columns that no lane can see (each lane's columns ascend: its last is its highest)."""
-        keep = max((state.columns[-1] + 1 for state in self._lanes.values() if state.columns), default=0)
+        keep = max((state.columns[-1] + 1 for state in self.lanes.values() if state.columns), default=0)
         if keep < self._columns:
             self._columns = keep
             self._cache.set_length(keep)

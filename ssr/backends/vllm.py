@@ -1,6 +1,6 @@
 """In-process vLLM backend: each lane is a vLLM *streaming-input session*, every ``step`` is one vLLM engine step.
 
-Mechanism (measured; see ``ssr/backends/vllm_bench.py``):
+Mechanism (measured; see ``benchmarks/ssr_bench/vllm_bench.py``):
 
 * The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and is stepped synchronously: a
   ``step(feeds)`` adds one request chunk per fed lane, then runs exactly one ``EngineCore`` step, so vLLM's
@@ -39,13 +39,13 @@ import itertools
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .base import common_prefix, rows_wanted, stop_token_ids
-from .vllm_server import SSRBackendError, SSRBackendUnavailable
+from .base import Backend, Lane, rows_wanted, stop_token_ids
+from .errors import SSRBackendError, SSRBackendUnavailable
 
 logger = logging.getLogger(__name__)
 _PATCHED = False
@@ -82,8 +82,7 @@ def _patch_session_prompt_logprobs() -> bool:
 
 
 @dataclass
-class _Lane:
-    tokens: list[int] = field(default_factory=list)
+class _Lane(Lane):
     session: str | None = None  # live vLLM session id; None: the next step starts one from ``tokens``
     computed: int = 0  # tokens the session holds in its KV cache
 
@@ -303,7 +302,7 @@ def _dense(ids, values, vocab: int) -> torch.Tensor:
     return out
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """``Backend`` over an in-process vLLM engine. Engine arguments pass through to ``vllm.LLM`` (tensor_parallel_size,
     dtype, max_model_len, gpu_memory_utilization, enable_prefix_caching, enforce_eager, ...).
 
@@ -315,6 +314,7 @@ class VLLMBackend:
                  _shared: _SharedEngine | None = None, **engine_args: Any) -> None:
         if logprobs == 0 or logprobs < -1:
             raise ValueError(f"logprobs must be >= 1 or -1 (full vocabulary), got {logprobs}")
+        super().__init__()
         self._engine = _shared or _SharedEngine(model_path, engine_args)
         self.logprobs = logprobs
         self._owner = _shared is None
@@ -337,9 +337,6 @@ class VLLMBackend:
             pass
         # a view gets its tokenizer (and this set) from the backend it was made from
         self.eos_token_ids = stop_token_ids(self.tokenizer if _shared is None else None, *eos)
-        self._lanes: dict[int, _Lane] = {}
-        self._parked: int | None = None
-        self._next = 0
         self._tag = f"ssr{next(_IDS)}"
 
     # -- sharing ---------------------------------------------------------------------------------------------------
@@ -361,61 +358,26 @@ class VLLMBackend:
     def engine_steps(self) -> int:
         return self._engine.steps
 
-    @property
-    def live_lanes(self) -> int:
-        return len(self._lanes)
-
     def vllm_live_requests(self) -> int:
         return self._engine.live_requests()
 
-    # -- lanes -----------------------------------------------------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
-        """A lane for a new request. The parked lane of a previous request is reused when ``prefix`` extends a
-        part of it (its vLLM session goes on: nothing is recomputed); otherwise the lane is empty and vLLM's prefix
-        cache still serves every full KV block of ``prefix`` that any earlier request computed."""
-        parked, self._parked = self._parked, None
-        if parked is not None and parked in self._lanes:
-            common = common_prefix(self._lanes[parked].tokens, prefix or [])
-            if common:
-                self.truncate(parked, common)
-                return parked
-            self.release(parked)
-        return self._add(_Lane())
+    # -- lane hooks: a lane is a vLLM session ---------------------------------------------------------------------
+    # A parked lane's session goes on for the next request that extends it (nothing is recomputed); a new lane is
+    # empty, and vLLM's prefix cache still serves every full KV block of its prompt that any request computed.
+    def _open(self, parent: _Lane | None) -> _Lane:
+        return _Lane()  # its first step starts a session from its tokens
 
-    def park(self, lane: int) -> None:
-        """End of request: keep ``lane`` (and its session) for a later request, in place of the lane parked
-        before; other requests' lanes are untouched."""
-        if self._parked is not None and self._parked != lane and self._parked in self._lanes:
-            self.release(self._parked)
-        self._parked = lane
-
-    def fork(self, parent: int) -> int:
-        return self._add(_Lane(tokens=list(self._lanes[parent].tokens)))
-
-    def length(self, lane: int) -> int:
-        return len(self._lanes[lane].tokens)
-
-    def truncate(self, lane: int, length: int) -> None:
-        state = self._lanes[lane]
-        if length >= len(state.tokens):
-            return
-        del state.tokens[length:]
+    def _cut(self, state: _Lane, length: int) -> None:
         if state.session is not None and state.computed > length:
             self._engine.abort([state.session])  # the next step restarts it from the kept tokens
             state.session, state.computed = None, 0
 
-    def release(self, lane: int) -> None:
-        state = self._lanes.pop(lane)
-        if self._parked == lane:
-            self._parked = None
+    def _free(self, state: _Lane) -> None:
         if state.session is not None:
             self._engine.abort([state.session])
 
-    def release_all(self) -> None:
-        sessions = [s.session for s in self._lanes.values() if s.session is not None]
-        self._lanes.clear()
-        self._parked = None
-        self._engine.abort(sessions)
+    def _free_all(self, states: list[Lane]) -> None:
+        self._engine.abort([s.session for s in states if s.session is not None])
 
     def close(self) -> None:
         """Release every lane; the backend that created the engine also shuts vLLM down."""
@@ -429,8 +391,9 @@ class VLLMBackend:
         engine = self._engine
         chunks: list[_Chunk] = []
         plan: dict[int, tuple[str, list[str], int]] = {}  # lane -> (session rid, sibling rids, rows)
+        self.lanes.check(feeds)
         for lane_id, feed in feeds.items():
-            state = self._lanes[lane_id]
+            state = self.lanes[lane_id]
             rows = rows_wanted(lane_id, feed, want)
             if len(state.tokens) + len(feed) >= self.context_window:
                 raise SSRBackendError(f"lane {lane_id} would hold {len(state.tokens) + len(feed)} tokens, over the "
@@ -461,12 +424,11 @@ class VLLMBackend:
             outs = engine.run(chunks)
         except BaseException:
             for lane_id in plan:  # the step did not happen: the lanes hold what they held; their sessions restart
-                state = self._lanes.get(lane_id)
-                if state is not None:
-                    del state.tokens[len(state.tokens) - len(feeds[lane_id]):]
-                    if state.session is not None:
-                        engine.abort([state.session])
-                    state.session, state.computed = None, 0
+                state = self.lanes[lane_id]
+                del state.tokens[len(state.tokens) - len(feeds[lane_id]):]
+                if state.session is not None:
+                    engine.abort([state.session])
+                state.session, state.computed = None, 0
             raise
         result: dict[int, torch.Tensor] = {}
         for lane_id, (rid, siblings, rows) in plan.items():
@@ -489,18 +451,12 @@ class VLLMBackend:
         return result
 
     # -- housekeeping ----------------------------------------------------------------------------------------------
-    def _add(self, lane: _Lane) -> int:
-        lane_id = self._next
-        self._next += 1
-        self._lanes[lane_id] = lane
-        return lane_id
-
     def _rid(self, what: str) -> str:
         return f"{self._tag}-{what}-{next(_IDS)}"
 
     def __del__(self) -> None:  # sessions hold KV blocks until aborted
         try:
-            if self._lanes:
+            if self.lanes:
                 self.release_all()
         except Exception:  # noqa: BLE001
             pass

@@ -31,43 +31,19 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 
-from .base import rows_wanted, stop_token_ids
-
-
-class SSRBackendError(RuntimeError):
-    """A backend failed to run a step (the request cannot go on)."""
-
-
-class SSRBackendUnavailable(SSRBackendError):
-    """The backend cannot be used here (a package is missing, or the server is not a vLLM server)."""
-
-
-class SSRBackendConnectionError(SSRBackendError):
-    """The inference server could not be reached (refused, reset, unreachable)."""
-
-
-class SSRBackendTimeout(SSRBackendError):
-    """The inference server did not answer within the timeout."""
-
-
-class SSRBackendServerError(SSRBackendError):
-    """The inference server answered with an error status or a malformed body."""
-
-    def __init__(self, message: str, status: int | None = None, body: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-@dataclass
-class _Lane:
-    tokens: list[int] = field(default_factory=list)
+from .base import Backend, LaneTable, rows_wanted, stop_token_ids
+from .errors import (  # noqa: F401 - also imported from here by the adapters and their tests
+    SSRBackendConnectionError,
+    SSRBackendError,
+    SSRBackendServerError,
+    SSRBackendTimeout,
+    SSRBackendUnavailable,
+)
 
 
 def _secret(value: Any) -> str | None:
@@ -183,7 +159,7 @@ def _token_id(key: str) -> int:
     return int(key.rsplit(":", 1)[1]) if ":" in key else int(key)
 
 
-class VLLMServerBackend:
+class VLLMServerBackend(Backend):
     """``Backend`` over a running vLLM OpenAI-compatible server.
 
     ``model_path``: a local copy of the model (for the tokenizer and config); ``base_url``: the server
@@ -203,6 +179,7 @@ class VLLMServerBackend:
             raise ValueError(f"logprobs must be >= 1 or -1 (full vocabulary), got {logprobs}")
         from transformers import AutoConfig, AutoTokenizer
 
+        super().__init__()
         self.http = _Http(base_url, timeout, _secret(api_key) or os.environ.get("VLLM_API_KEY"), max_retries)
         self.model_path = model_path
         self.model_name = model_name or os.path.basename(os.path.normpath(model_path))
@@ -230,47 +207,21 @@ class VLLMServerBackend:
         except Exception:  # noqa: BLE001 - optional file
             pass
         self.eos_token_ids = stop_token_ids(self.tokenizer, *eos)
-        self._lanes: dict[int, _Lane] = {}
-        self._next = 0
         self.calls = 0  # HTTP step calls made
 
-    # -- lanes (client-side only: the server's prefix cache holds the KV) ------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
-        """An empty lane: the server's prefix cache already reuses whatever of ``prefix`` it computed before."""
-        return self._add(_Lane())
-
-    def park(self, lane: int) -> None:
-        """End of request: nothing is held here (the server's prefix cache keeps the KV blocks)."""
-        self._lanes.pop(lane, None)
-
-    def fork(self, parent: int) -> int:
-        return self._add(_Lane(list(self._lanes[parent].tokens)))
-
-    def length(self, lane: int) -> int:
-        return len(self._lanes[lane].tokens)
-
-    def truncate(self, lane: int, length: int) -> None:
-        del self._lanes[lane].tokens[length:]
-
-    def release(self, lane: int) -> None:
-        self._lanes.pop(lane)
-
-    def release_all(self) -> None:
-        self._lanes.clear()
-
-    @property
-    def live_lanes(self) -> int:
-        return len(self._lanes)
+    # -- lanes: client-side only (the server's prefix cache holds the KV, for every request) ----------------------
+    def _keep_parked(self) -> bool:
+        return False  # nothing is held here: a new request's lane starts empty, its prefix cached on the server
 
     def view(self) -> "VLLMServerBackend":
         """Another backend on the same server and connection pool with its own lanes (one per concurrent request)."""
         other = object.__new__(VLLMServerBackend)
         other.__dict__.update(self.__dict__)
-        other._lanes, other._next, other.calls = {}, 0, 0
+        other.lanes, other.calls = LaneTable(), 0
         return other
 
     def close(self) -> None:
-        self._lanes.clear()
+        self.release_all()
         self.http.close()
 
     # -- one step: one HTTP call, one batch on the server -------------------------------------------------------------
@@ -279,8 +230,9 @@ class VLLMServerBackend:
         prompts: list[list[int]] = []
         plan: list[tuple[int, int, int, bool]] = []  # (lane, first prompt index, rows, rows via prompt_logprobs)
         use_prompt_logprobs = False
+        self.lanes.check(feeds)
         for lane_id, feed in feeds.items():
-            state = self._lanes[lane_id]
+            state = self.lanes[lane_id]
             rows = rows_wanted(lane_id, feed, want)
             full = state.tokens + feed
             if len(full) >= self.context_window:
@@ -297,7 +249,7 @@ class VLLMServerBackend:
                 for j in range(rows):
                     prompts.append(full[: len(full) - rows + 1 + j])
         for lane_id, feed in feeds.items():
-            self._lanes[lane_id].tokens.extend(feed)
+            self.lanes[lane_id].tokens.extend(feed)
         payload = {
             "model": self.served_model, "prompt": prompts if len(prompts) > 1 else prompts[0], "max_tokens": 1,
             "temperature": 0.0, "logprobs": self.logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True,
@@ -309,7 +261,7 @@ class VLLMServerBackend:
             answer = self.http.request("POST", "/v1/completions", payload)
         except BaseException:
             for lane_id, feed in feeds.items():  # the step did not happen: the lanes stay as they were
-                del self._lanes[lane_id].tokens[len(self._lanes[lane_id].tokens) - len(feed):]
+                del self.lanes[lane_id].tokens[len(self.lanes[lane_id].tokens) - len(feed):]
             raise
         self.calls += 1
         choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
@@ -359,8 +311,3 @@ class VLLMServerBackend:
         if value is not None and 0 <= token < self.vocab_size:
             row[token] = float(value)
 
-    def _add(self, lane: _Lane) -> int:
-        lane_id = self._next
-        self._next += 1
-        self._lanes[lane_id] = lane
-        return lane_id

@@ -11,7 +11,7 @@ from .app import create_app
 __all__ = ["create_app", "run"]
 
 
-def run(model: str | None = None, backend: str = "transformers", host: str = "127.0.0.1", port: int = 8000,
+def run(model: str | None = None, backend: str = "auto", host: str = "127.0.0.1", port: int = 8000,
         api_key: str | None = None, config=None, served_model_name: str | None = None, timeout: float | None = None,
         max_queue: int | None = None, max_running: int | None = None, log_level: str = "info",
         **backend_kwargs) -> None:

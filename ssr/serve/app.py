@@ -21,12 +21,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat import encode_prompt
+from ..errors import Cancelled, QueueFull, RequestTimeout
 from ..models import canonical_name
 from . import convert
 from .metrics import Metrics
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, bad_request, parse
-
-from ..errors import Cancelled, QueueFull, RequestTimeout
 
 log = logging.getLogger("ssr.serve")
 
@@ -301,7 +300,7 @@ def create_app(engine, api_key: str | None = None, *, served_model_name: str | N
             try:
                 ids = await asyncio.to_thread(encode_prompt, engine.tokenizer, engine.family, messages,
                                               call.get("tools"), call.get("tool_choice"), None,
-                                              call.get("thinking", True))
+                                              call.get("thinking"))
             except Exception as exc:  # noqa: BLE001 - the template refused the conversation (roles, order, ...)
                 raise bad_request(str(exc) if isinstance(exc, ValueError) else
                                   f"the chat template cannot render these messages: {exc}", "messages") from None

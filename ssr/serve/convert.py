@@ -18,7 +18,6 @@ from .protocol import (
     content_text,
 )
 
-
 # -- requests ----------------------------------------------------------------------------------------------------
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -41,7 +40,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                             arguments = json.loads(arguments) if arguments.strip() else {}
                         except json.JSONDecodeError as exc:
                             raise bad_request(f"messages[{i}].tool_calls[{j}].function.arguments is not valid "
-                                              f"JSON: {exc}", f"messages[{i}].tool_calls[{j}].function.arguments")
+                                              f"JSON: {exc}", f"messages[{i}].tool_calls[{j}].function.arguments"
+                                              ) from None
                     calls.append({"id": call.id, "type": "function",
                                   "function": {"name": call.function.name, "arguments": arguments}})
                     if call.id:

@@ -104,7 +104,7 @@ def test_bad_feeds_are_refused(vllm_backend):
             b.step({lane: []})
         with pytest.raises(ValueError):
             b.step({lane: [1, 2]}, {lane: 3})
-        from ssr.backends.vllm_server import SSRBackendError
+        from ssr.backends.errors import SSRBackendError
 
         with pytest.raises(SSRBackendError, match="context window"):
             b.step({lane: [5] * (b.context_window + 1)})
@@ -196,7 +196,7 @@ def test_one_engine_schedules_concurrent_requests_into_shared_steps(vllm_engine)
 
 
 def test_a_failed_engine_step_fails_only_its_requests(vllm_engine):
-    from ssr.backends.vllm_server import SSRBackendError
+    from ssr.backends.errors import SSRBackendError
 
     shared = vllm_engine.backend._engine
     original, calls = shared.client.get_output, []
@@ -269,6 +269,9 @@ def test_from_pretrained_registry(tiny_model_dir, vllm_backend):
     assert "vllm" in BACKENDS and "vllm-server" in BACKENDS
     assert vllm_backend.model_name == "tiny-qwen2" and vllm_backend.logits_topk == 20
     assert vllm_backend.eos_token_ids
+    from ssr.backends.base import missing_members
+
+    assert missing_members(vllm_backend) == missing_members(vllm_backend.view()) == []  # the whole protocol
 
 
 def test_full_vocabulary_view(vllm_backend):

@@ -12,8 +12,8 @@ if not vllm_installed():  # tests/vllm itself would import as a namespace packag
 
 from conftest import ENGINE_ARGS  # noqa: E402
 
-from ssr.bench import methods as M  # noqa: E402
-from ssr.bench import report, runner  # noqa: E402
+from ssr_bench import methods as M  # noqa: E402
+from ssr_bench import report, runner  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

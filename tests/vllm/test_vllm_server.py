@@ -21,9 +21,11 @@ from conftest import ENGINE_ARGS  # noqa: E402
 
 from ssr import SSRConfig, SSREngine  # noqa: E402
 from ssr.costs import CostTable  # noqa: E402
-from ssr.backends.vllm_server import (  # noqa: E402
-    SSRBackendConnectionError, SSRBackendError, SSRBackendServerError, SSRBackendTimeout, VLLMServerBackend,
+from ssr.backends.base import missing_members  # noqa: E402
+from ssr.backends.errors import (  # noqa: E402
+    SSRBackendConnectionError, SSRBackendError, SSRBackendServerError, SSRBackendTimeout, SSRBackendUnavailable,
 )
+from ssr.backends.vllm_server import VLLMServerBackend  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -97,6 +99,7 @@ def test_server_lanes_match_in_process_vllm(server_engine, vllm_backend):
     from conftest import vllm_greedy
 
     b = server_engine.backend
+    assert missing_members(b) == missing_members(b.view()) == []  # the whole protocol, and a view's too
     prompt = list(range(1000, 1040))
     ref = vllm_greedy(vllm_backend.llm, prompt, 30)
     lane = b.new_lane()
@@ -161,7 +164,5 @@ def test_server_errors_and_timeouts(server, tiny_model_dir):
 
 
 def test_unknown_served_model(server, tiny_model_dir):
-    from ssr.backends.vllm_server import SSRBackendUnavailable
-
     with pytest.raises(SSRBackendUnavailable, match="does not serve"):
         VLLMServerBackend(tiny_model_dir, base_url=server, served_model="nope")

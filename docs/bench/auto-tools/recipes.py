@@ -12,9 +12,9 @@ R5: the bare template with a think prefill.
 import dataclasses, json, sys, time
 from ssr.engine import SSREngine
 from ssr.chat import QWEN2_INSTRUCT, THINK_INSTRUCTION
-from ssr.bench.suites import load_bfcl
-from ssr.bench.scoring import score_bfcl
-from ssr.bench.runner import base_config
+from ssr_bench.suites import load_bfcl
+from ssr_bench.scoring import score_bfcl
+from ssr_bench.runner import base_config
 
 variants = sys.argv[1].split(",")
 per_cat = int(sys.argv[2])
@@ -43,7 +43,7 @@ fams = {
     "R4": dataclasses.replace(QWEN2_INSTRUCT, demonstration=(), system_prompt=AUTO_SYS),
     "R5": dataclasses.replace(QWEN2_INSTRUCT, demonstration=(), system_prompt=None),
 }
-from ssr.bench.methods import method_config
+from ssr_bench.methods import method_config
 cfg = method_config("ssr", base_config("bfcl"))
 for it in chosen:
     for v in variants:

@@ -112,7 +112,7 @@ class ChatSSR(BaseChatModel):
 
     Setup:
         ```bash
-        pip install "ssr[langchain]"   # the embedded default model ships with ssr
+        pip install langchain-ssr   # from a checkout: pip install ./integrations/langchain (the model ships with ssr)
         ```
 
     Instantiate (cheap: the engine is loaded on first use and shared process-wide per ``(model, backend)``):
@@ -184,8 +184,10 @@ class ChatSSR(BaseChatModel):
     """Model name (an embedded model such as ``"qwen2.5-coder-0.5b-instruct"``) or a local directory.
     ``None`` is the embedded default model."""
 
-    backend: str = "transformers"
-    """Engine backend: ``"transformers"`` (in-process PyTorch) or ``"vllm"``."""
+    backend: str = "auto"
+    """Engine backend: ``"auto"`` (llama.cpp for the embedded model when llama-cpp-python is installed, else
+    transformers; ``ssr.backends.choose_backend``), ``"transformers"`` (in-process PyTorch), ``"llama.cpp"``,
+    ``"vllm"`` or ``"vllm-server"``."""
 
     backend_kwargs: dict[str, Any] | None = None
     """Extra keyword arguments for ``ssr.get_engine`` (e.g. ``dtype``, ``device``). Only used when this

@@ -75,7 +75,7 @@ class SSR(FunctionCallingLLM):
     engine's SSR stats in ``additional_kwargs["ssr"]``.
 
     Examples:
-        `pip install "ssr[llamaindex]"`
+        `pip install llama-index-llms-ssr` (from a checkout: `pip install ./integrations/llamaindex`)
 
         ```python
         from llama_index.core.llms import ChatMessage
@@ -101,7 +101,9 @@ class SSR(FunctionCallingLLM):
         default=None,
         description="Model name or local directory; None is the embedded default (Qwen2.5-Coder-0.5B-Instruct).",
     )
-    backend: str = Field(default="transformers", description="Engine backend: 'transformers' or 'vllm'.")
+    backend: str = Field(default="auto", description="Engine backend: 'auto' (llama.cpp for the embedded model when "
+                         "llama-cpp-python is installed, else transformers), 'transformers', 'llama.cpp', 'vllm' or "
+                         "'vllm-server'.")
     backend_kwargs: Dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for loading the backend (dtype, device, ...)."
     )

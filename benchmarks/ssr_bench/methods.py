@@ -1,0 +1,239 @@
+"""The methods compared: named ``SSRConfig`` variants of one engine, plus peers that replay plain decoding's length
+with their own decoding loop: transformers' prompt lookup, and on the vLLM backend vLLM's plain, ngram and suffix
+decoding (``vllm_peers``).
+
+Every method of a suite starts from the same base config (budgets: ``max_think_tokens``, ``min_think_tokens``,
+``draft_start``, ``max_tokens``, ...), so outputs are comparable token for token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ssr.config import SSRConfig
+
+PLAIN = "plain"
+BARE = "bare"  # the model's own chat template, no thinking: the reference for tool-use quality, not for speed
+PROMPT_LOOKUP = "prompt-lookup"
+VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
+LLAMA_CPP = "llama.cpp"  # plain llama.cpp: Llama.generate (llama_cpp_peer), on the llama.cpp backend
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS + (LLAMA_CPP,)
+# peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
+REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS + (LLAMA_CPP,)
+DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
+# methods that must reproduce plain decoding's token ids exactly (greedy); prompt-lookup is compared too, but it
+# cannot replay the engine's forced text (budget forcing), so it is expected to match only where none was forced
+EXACT = ("suffix", "ssr-prefix", "ssr", "ssr-iterative")
+PROMPT_LOOKUP_TOKENS = 10
+
+DESCRIPTIONS = {
+    "plain": "plain greedy decoding through the same backend (SSRConfig(enabled=False))",
+    "suffix": "peer: suffix decoding everywhere (thinking and answer) over prompt, thinking and own output, no drafts",
+    "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals anywhere)",
+    "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer",
+    "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
+    "bare": "the model without SSR's thinking recipe (its own chat template, no thinking), plain decoding",
+    "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
+                     "max_new_tokens = plain's output length",
+    "vllm": "plain vLLM decoding (LLM.generate, its own loop), same prompt ids, plain's output length",
+    "vllm-ngram": "vLLM's ngram prompt-lookup speculative decoding (8 tokens, n-grams 2-4), plain's output length",
+    "vllm-suffix": "vLLM's suffix decoding (Arctic Inference, 16 tokens), plain's output length",
+    "llama.cpp": "plain llama.cpp (llama-cpp-python Llama.generate, greedy, its own loop), same GGUF and prompt ids, "
+                 "plain's output length",
+}
+
+
+def iterative_interval(base: SSRConfig) -> int:
+    """draft_interval for ``ssr-iterative`` when the base config sets none: about three drafts over the budget."""
+    if base.draft_interval:
+        return base.draft_interval
+    span = max(base.max_think_tokens - base.draft_start, 1)
+    return max(8, span // 3)
+
+
+def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
+    """The config of method ``name`` derived from ``base`` (None for the ``REPLAY`` peers, which bypass the
+    engine)."""
+    if name in (PLAIN, BARE):
+        return base.override(enabled=False)
+    if name == "suffix":
+        return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
+                             suffix_sources=("prompt", "thinking", "answer"))
+    if name == "ssr-prefix":
+        return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1),
+                             think_speculation=False, draft_speculation=False)
+    if name == "ssr":
+        return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
+                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             max_drafts=max(base.max_drafts, 1))
+    if name == "ssr-iterative":
+        return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
+                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             draft_interval=iterative_interval(base), max_drafts=max(base.max_drafts, 2),
+                             bootstrap_drafts=True)
+    if name in REPLAY:
+        return None
+    raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+
+
+def backend_methods(backend: str) -> tuple[str, ...]:
+    """Every method that runs on ``backend``: the peers are tied to their backend's model (``all``)."""
+    peers = {"vllm": VLLM_PEERS, "transformers": (PROMPT_LOOKUP,), "llama.cpp": (LLAMA_CPP,)}.get(backend, ())
+    return tuple(m for m in METHODS if m not in REPLAY or m in peers)
+
+
+def parse_methods(spec: str | list[str] | tuple[str, ...] | None, backend: str = "transformers") -> list[str]:
+    """A comma list (or list) of method names, ``plain`` always first (the others compare against it); ``all``:
+    every method that runs on ``backend``."""
+    if spec is None:
+        names = list(DEFAULT_METHODS)
+    elif isinstance(spec, str):
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+    else:
+        names = [s.strip() for part in spec for s in str(part).split(",") if s.strip()]
+    if names == ["all"]:
+        names = list(backend_methods(backend))
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    elsewhere = [n for n in names if n not in backend_methods(backend)]
+    if elsewhere:
+        raise ValueError(f"method(s) {elsewhere} do not run on backend {backend!r} (vllm* peers: --backend vllm; "
+                         "prompt-lookup: --backend transformers; llama.cpp: --backend llama.cpp)")
+    out = [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
+    return out
+
+
+def token_hash(ids: list[int]) -> str:
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Outcome:
+    """One generation, whatever ran it."""
+
+    token_ids: list[int]
+    answer: str
+    tool_calls: list[dict[str, Any]]
+    latency_s: float
+    ttfa_s: float | None  # wall time to the first answer text
+    stats: dict[str, Any]
+    finish_reason: str | None = None
+    reasoning: str = ""
+
+
+def forced_sequences(engine) -> list[list[int]]:
+    """Token ids of the text the engine forces (budget forcing): the close text and the "continue" text."""
+    family = getattr(engine, "family", None)
+    out = []
+    for text in (getattr(family, "close_text", None), getattr(family, "continue_text", None)):
+        if text:
+            try:
+                out.append(list(engine.tokenizer.encode(text, add_special_tokens=False)))
+            except Exception:  # noqa: BLE001
+                pass
+    return [s for s in out if s]
+
+
+def diverged_at_forced_text(plain_ids: list[int], at: int | None, forced: list[list[int]]) -> bool:
+    """Whether plain's tokens at ``at`` start a forced sequence (text generate() cannot produce by itself)."""
+    if at is None:
+        return False
+    return any(seq and plain_ids[at: at + len(seq)] == seq for seq in forced)
+
+
+def run_engine(engine, item: dict[str, Any], config: SSRConfig, thinking: bool | None = None) -> Outcome:
+    """One generation of ``item`` on the engine with ``config``; wall time measured around the whole call."""
+    t0 = time.perf_counter()
+    ttfa = None
+    result = None
+    for event in engine.stream(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"),
+                               config=config, thinking=thinking):
+        if event.kind == "answer" and ttfa is None and event.text:
+            ttfa = time.perf_counter() - t0
+        elif event.kind == "done":
+            result = event.result
+    latency = time.perf_counter() - t0
+    assert result is not None
+    return Outcome(token_ids=list(result.token_ids), answer=result.answer, tool_calls=list(result.tool_calls),
+                   latency_s=latency, ttfa_s=ttfa, stats=dict(result.stats), finish_reason=result.finish_reason,
+                   reasoning=result.reasoning)
+
+
+def run_langchain_tools(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
+    """A tool-calling item the way an agent runs it: ``ChatSSR(...).bind_tools(tools, tool_choice=...).invoke``.
+
+    The adapter is a thin layer over the same engine, so the outcome carries the engine's token ids and stats (from
+    the message's response metadata) and compares with plain decoding token for token.
+    """
+    from langchain_ssr import ChatSSR
+
+    llm = ChatSSR(engine=engine, ssr_config=config).bind_tools(item["tools"], tool_choice=item.get("tool_choice"))
+    t0 = time.perf_counter()
+    message = llm.invoke(item["messages"])
+    latency = time.perf_counter() - t0
+    meta = message.response_metadata
+    stats = dict(meta["ssr"])
+    return Outcome(token_ids=list(meta["token_ids"]), answer=message.text,
+                   tool_calls=[{"name": c["name"], "arguments": c["args"]} for c in message.tool_calls],
+                   latency_s=latency, ttfa_s=stats.get("time_to_first_answer_token"), stats=stats,
+                   finish_reason=meta.get("finish_reason"),
+                   reasoning=message.additional_kwargs.get("reasoning_content", ""))
+
+
+def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
+                      num_tokens: int = PROMPT_LOOKUP_TOKENS) -> Outcome:
+    """transformers' own prompt lookup decoding on the engine's prompt ids (greedy, ``max_new_tokens``)."""
+    import torch
+
+    model = engine.backend.model
+    ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
+    eos = sorted(getattr(engine.backend, "eos_token_ids", []) or [])
+    pad = getattr(engine.backend, "pad_token_id", None)
+    kwargs: dict[str, Any] = {"max_new_tokens": max(1, max_new_tokens), "do_sample": False,
+                              "prompt_lookup_num_tokens": num_tokens,
+                              "attention_mask": torch.ones_like(input_ids)}
+    if eos:
+        kwargs["eos_token_id"] = eos
+    if pad is not None:
+        kwargs["pad_token_id"] = pad
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
+    latency = time.perf_counter() - t0
+    new = out[0, len(ids):].tolist()
+    answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
+    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=latency, ttfa_s=None,
+                   stats={"answer_tokens": None, "new_tokens": len(new)}, finish_reason=None)
+
+
+def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """A replay peer's answer and tool calls: the text after the close marker, split as the transcript does."""
+    marker = getattr(getattr(engine, "family", None), "think_close", "</think>")
+    answer = text.split(marker, 1)[1].lstrip() if marker in text else ""
+    tool_calls: list[dict[str, Any]] = []
+    if item.get("tools") and answer:
+        try:
+            from ssr.chat import parse_tool_calls
+
+            tool_calls = parse_tool_calls(answer, item["tools"]).tool_calls
+        except Exception:  # noqa: BLE001 - scoring only
+            tool_calls = []
+    return answer, tool_calls
+
+
+def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
+    """A ``vllm_peers.VLLMPeer`` (or ``llama_cpp_peer.LlamaCppPeer``: same interface) on the engine's prompt ids,
+    ``max_tokens`` greedy tokens."""
+    ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
+    out = peer.generate(ids, max(1, max_tokens))
+    new = out["token_ids"]
+    answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
+    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
+                   stats={"new_tokens": len(new), "forward_passes": out.get("steps"),
+                          "prefill_s": out.get("prefill_s")})
