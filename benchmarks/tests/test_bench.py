@@ -303,6 +303,12 @@ class _FakeBackend:
     eos_token_ids = frozenset({0})
     pad_token_id = 0
 
+    def __init__(self):
+        self.released = 0  # prompt caches emptied (the runner empties it before every method)
+
+    def release_all(self):
+        self.released += 1
+
 
 class FakeEngine:
     """Answers every item with a fixed token list; ``diverge`` methods (by config) answer differently."""
@@ -366,6 +372,7 @@ def test_runner_interleaves_and_resumes(tmp_path, fake_items):
     assert [(r["item"], r["method"]) for r in recs] == [
         (f"t/{i}", m) for i in range(3) for m in ("plain", "suffix", "ssr", "prompt-lookup")]
     assert all(r["identical_to_plain"] for r in recs if r["method"] != "prompt-lookup")
+    assert eng.backend.released == len(recs)  # every method started from an empty prompt cache
     pl = [r for r in recs if r["method"] == "prompt-lookup"]
     assert all(r["n_tokens"] == 4 for r in pl)  # max_new_tokens = plain's length
     r0 = recs[2]
