@@ -41,11 +41,15 @@ def chat(args) -> int:
 
     color = sys.stdout.isatty() and not args.no_color
     dim, bold, reset = (DIM, BOLD, RESET) if color else ("", "", "")
-    engine = SSREngine.from_pretrained(args.model, backend=args.backend)
+    from .backends import choose_backend
+    from .models import canonical_name
+
+    backend = choose_backend(args.backend, canonical_name(args.model))
+    engine = SSREngine.from_pretrained(args.model, backend=backend)
     config = _config(args)
     for enabled in (True, False):  # untimed: a process's first steps pay one-off set-up that neither method owns
         engine.generate(args.question, config=config.override(enabled=enabled, max_tokens=4, draft_start=0))
-    print(f"{bold}model:{reset} {engine.model_name} ({args.backend})\n{bold}reasoning:{reset}")
+    print(f"{bold}model:{reset} {engine.model_name} ({backend})\n{bold}reasoning:{reset}")
     start, kind, result = time.perf_counter(), "reasoning", None
     for event in engine.stream(args.question, config=config):
         if event.kind == "done":
@@ -98,15 +102,16 @@ def _kernels(table) -> str:
 
 def calibrate(args) -> int:
     """Measure (again) the kernel choice and the step-cost table of the model on this machine, and cache them."""
-    from .backends import load_backend
+    from .backends import choose_backend, load_backend
     from .calibrate import NOISY, cache_path, calibrated, kernels_text, markdown
     from .models import canonical_name, resolve_model
 
     name = canonical_name(args.model)
-    backend = load_backend(args.backend, resolve_model(args.model), name)
+    chosen = choose_backend(args.backend, name)
+    backend = load_backend(chosen, resolve_model(args.model), name)
     table = calibrated(backend, refresh=True)
     kernels = table.meta.get("kernels")
-    print(f"model: {name} ({args.backend}, {table.meta.get('dtype')}, {table.meta.get('device')}); "
+    print(f"model: {name} ({chosen}, {table.meta.get('dtype')}, {table.meta.get('device')}); "
           f"machine: {table.meta.get('machine')}")
     print(f"linear kernel per input rows: {kernels_text(kernels) if kernels else 'not chosen by this backend'}")
     print(f"step cost relative to one lane decoding one token ({1e3 * table.base_seconds:.1f} ms, "

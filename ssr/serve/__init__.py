@@ -20,12 +20,15 @@ def run(model: str | None = None, backend: str = "auto", host: str = "127.0.0.1"
 
     import uvicorn
 
+    from ..backends import choose_backend
     from ..engine import SSREngine
+    from ..models import canonical_name
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("ssr.serve")
     limits = {k: v for k, v in {"max_queue": max_queue, "max_running": max_running}.items() if v is not None}
+    backend = choose_backend(backend, canonical_name(model))
     engine = SSREngine.from_pretrained(model, backend=backend, config=config, **limits, **backend_kwargs)
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, timeout=timeout)
     name = served_model_name or engine.model_name
