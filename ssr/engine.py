@@ -14,7 +14,7 @@ from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_promp
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Request
-from .grammar import Grammar, Grammars, check_tool_choice, json_grammar, response_schema, tool_call_grammar
+from .grammar import Grammar, Grammars, check_tools, json_grammar, response_schema, tool_call_grammar
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
@@ -102,7 +102,7 @@ class SSREngine:
         if unknown:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
         cfg = (config or self.config).override(**overrides)
-        check_tool_choice(tools, tool_choice)
+        check_tools(tools, tool_choice)
         thinking = resolve_thinking(self.family, prompt, tools, tool_choice, thinking)
         grammar = self._grammar(response_format, tools if cfg.constrain_tool_calls else None, tool_choice)
         ids = self.encode(prompt, tools, tool_choice, thinking)

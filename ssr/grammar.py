@@ -59,19 +59,25 @@ def json_grammar(schema: dict[str, Any]) -> str:
             "WS: /[ \\t\\n]+/\n")
 
 
-def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | None) -> None:
-    """A ``tool_choice`` that names a tool must name a bound one (never a forced call to a tool that is not there),
-    and every tool's parameters must be valid JSON schema: they shape the call grammar and validate the calls, so a
-    broken schema is the caller's clear error at submission, not a call silently judged invalid later."""
+def check_tools(tools: list[dict[str, Any]] | None, tool_choice: str | None) -> None:
+    """Once per request: every tool's parameters must be valid JSON schema (they shape the call grammar and
+    validate the calls, so a broken schema is the caller's clear error at submission, not a call silently judged
+    invalid later), and ``tool_choice`` must fit the tools (``check_tool_choice``)."""
     for tool in tools or []:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ValueError(f'a tool must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}, '
                              f"got {tool!r}")
+        parameters = fn.get("parameters") or {}
         try:
-            jsonschema.validators.validator_for(fn.get("parameters") or {}).check_schema(fn.get("parameters") or {})
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except jsonschema.exceptions.SchemaError as exc:
             raise ValueError(f"tool {fn['name']!r}: its parameters are not valid JSON schema: {exc.message}") from None
+    check_tool_choice(tools, tool_choice)
+
+
+def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | None) -> None:
+    """A ``tool_choice`` that names a tool must name a bound one (never a forced call to a tool that is not there)."""
     names = [t["function"]["name"] for t in tools or []]
     if tool_choice not in (None, "auto", "none", "any", "required") and tool_choice not in names:
         raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound tools: {names}")

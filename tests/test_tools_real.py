@@ -64,20 +64,21 @@ def test_tool_call_drafted_early(tool_pair):
     assert s["forward_passes"] < plain.stats["forward_passes"]
 
 
+def tool_step(conversation, call_id, name, arguments, result):
+    """The conversation with one more agent step: the assistant's call and the tool's result."""
+    return conversation + [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function",
+                                                             "function": {"name": name, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}]
+
+
 def test_agent_step_reuses_the_conversation_cache(default_engine, tool_pair):
     """The step after a tool result thinks with the tool-result demonstration; the next such step (a second call
     and its result) extends that prompt, so its system prompt, demonstration and conversation come from the cache."""
     plain, _ = tool_pair
     call = plain.tool_calls[0]
-
-    def step(conversation, call_id, name, arguments, result):
-        return conversation + [
-            {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function",
-                                                                 "function": {"name": name, "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}]
-
-    first = step(QUESTION, call["id"], call["name"], call["arguments"], "18 C, light rain")
-    second = step(first, "call_2", "get_time", {"city": "Paris"}, "14:05")
+    first = tool_step(QUESTION, call["id"], call["name"], call["arguments"], "18 C, light rain")
+    second = tool_step(first, "call_2", "get_time", {"city": "Paris"}, "14:05")
     default_engine.generate(first, tools=TOOLS, config=SSRConfig(**CFG))
     warm = default_engine.generate(second, tools=TOOLS, config=SSRConfig(**CFG))
     default_engine.backend.release_all()
@@ -90,10 +91,7 @@ def test_agent_step_reuses_the_conversation_cache(default_engine, tool_pair):
 def test_step_after_a_tool_result_answers_from_it(default_engine, flat_engine):
     """After the tool's result the model thinks and answers from it, without calling again (measured: "18°C with
     light rain is the weather in Paris right now."), plain and SSR alike."""
-    follow = QUESTION + [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-            "name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]},
-        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18 C, light rain"}]
+    follow = tool_step(QUESTION, "c1", "get_weather", {"city": "Paris", "unit": "c"}, "18 C, light rain")
     plain, ssr = (engine.generate(follow, tools=TOOLS, config=SSRConfig(enabled=engine is flat_engine, max_tokens=160,
                                                                        max_think_tokens=48, draft_start=8))
                   for engine in (default_engine, flat_engine))
