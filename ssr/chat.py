@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 
@@ -46,7 +46,7 @@ TOOL_DEMONSTRATION = [
 # After a tool result (tools bound, the tool's message last): an exchange that answers from a result, with a tool
 # unlike the bound ones. After the coding exchange the 0.5B model wrote the demonstration's Python function or called
 # the tool again; after this one it answered from the result on the weather and time questions tried.
-TOOL_RESULT_DEMONSTRATION = [
+TOOL_RESULT_DEMONSTRATION: list[dict[str, Any]] = [
     {"role": "user", "content": "Convert 20 euros to US dollars."},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_demo", "type": "function", "function": {
         "name": "convert", "arguments": {"amount": 20, "to": "USD"}}}]},
@@ -165,9 +165,9 @@ def encode_prompt(tokenizer, family: ChatFamily, prompt: "Prompt", tools: list[d
     if not isinstance(prompt, list) or not prompt:
         raise ValueError("prompt is empty: give text, a non-empty list of chat messages, or token ids")
     if all(isinstance(t, int) for t in prompt):
-        ids = list(prompt)
+        ids = list(cast("list[int]", prompt))  # token ids, as just checked
     elif all(isinstance(m, dict) for m in prompt):
-        messages = [dict(m) for m in prompt]
+        messages = [dict(m) for m in cast("list[dict[str, Any]]", prompt)]  # chat messages, as just checked
         extra = tool_instruction(tool_choice, tools)
         if extra:
             last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
@@ -277,12 +277,13 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> To
         spans = [(m.start(), m.end(), m.group(1)) for m in _FENCED.finditer(text) if _looks_like_call(m.group(1))]
         if not spans and _looks_like_call(text.strip()):
             spans = [(0, len(text), text)]
-    calls, invalid = [], []
+    calls: list[dict[str, Any]] = []
+    invalid: list[dict[str, Any]] = []
     for _, _, body in spans:
         call, error = _parse_one(body.strip(), schemas if tools else None)
         if error:
             invalid.append(error)
-        else:
+        elif call is not None:  # one of the two is None
             calls.append(call)
     content = text
     for start, end, _ in reversed(spans):

@@ -60,6 +60,8 @@ def chat(args) -> int:
             kind = event.kind
         print(f"{dim}{event.text}{reset}" if kind == "reasoning" else event.text, end="", flush=True)
     ssr_seconds = time.perf_counter() - start
+    if result is None:
+        raise RuntimeError("the stream ended without a result")  # unreachable: "done" ends every stream
     print("\n")
     _print_stats(result.stats, ssr_seconds, bold, reset)
     if not args.no_baseline:

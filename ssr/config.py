@@ -99,4 +99,4 @@ class SSRConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-PLAIN = SSRConfig(enabled=False)
+NO_SPECULATION = SSRConfig(enabled=False)  # plain decoding: the same transcript, no drafts and no proposals

@@ -1,8 +1,9 @@
 """The measured cost of one backend step on the machine it runs on, as a function of lanes and tokens per lane.
 
 An extra lane or an extra verified token is almost free on some machines and doubles the step on others (see
-DESIGN.md), so the speculation policy prices its choices with this table, never with a constant. The table is
-measured by ``ssr.calibrate`` (cached on disk per model, dtype, device, CPU and torch version); tests inject one.
+docs/design.md, the cost model), so the speculation policy prices its choices with this table, never with a constant.
+The table is measured by ``ssr.calibrate`` (cached on disk per model, dtype, device, CPU and torch version); tests
+inject one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One request, decoded the SSR way: think (speculating, with draft lanes in the same batched pass), then answer.
 
-Every step is one backend pass over the request's lanes. ``Request.run`` is a generator: it yields a ``Step`` (the
+Every step is one backend pass over the request's lanes. ``Decoding.run`` is a generator: it yields a ``Step`` (the
 lanes' feeds) where it needs a pass and is sent the logits back, so the engine's scheduler (``ssr.scheduler``) can
 put the steps of every live request into one pass. The thinking lane and the answer verify proposals from the
 suffix index (and the newest draft, and the tools' schemas) exactly: greedy keeps the longest prefix the model's
@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generator, Iterator
 
 import torch
@@ -29,7 +30,15 @@ from .grammar import Constraint, Grammar
 from .policy import ALONE, Shared, SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
 from .stats import RequestCounts, Speculation, request_stats
-from .transcript import CLOSED, CONTINUE, FINISHED, MARKER_WINDOW, REWOUND, Transcript
+from .transcript import MARKER_WINDOW, Status, Transcript
+
+
+class Phase(StrEnum):
+    """What a pass is for (a str: the stats' per-phase keys are these values)."""
+
+    PREFILL = "prefill"  # the prompt (in chunks while other requests decode), then the first thinking token
+    THINK = "think"  # the thinking lane (with its proposal) and the draft lanes
+    ANSWER = "answer"  # the answer, on the thinking lane, with its proposal
 
 
 @dataclass
@@ -38,14 +47,18 @@ class Step:
 
     feeds: dict[int, list[int]]
     want: dict[int, int]
-    phase: str  # "prefill", "think" or "answer"
+    phase: Phase
 
 
 Event = tuple[str, str]  # ("reasoning" | "answer", final text delta)
 Run = Generator["Step | Event", "dict[int, torch.Tensor] | None", None]
 
 
-class Request:
+class Decoding:
+    """The decoding of one request: its prompt, transcript, thinking lane, draft lanes, proposal sources and counts.
+
+    ``run`` is the decoding loop, a generator the scheduler steps (``ssr.scheduler.Job``)."""
+
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  policy: SpeculationPolicy, thinking: bool = True, cancel: threading.Event | None = None,
                  tools: list[dict] | None = None, answer_opening: str = "",
@@ -63,13 +76,20 @@ class Request:
         self.drafts = DraftLanes(backend, config, self.sampler, self.transcript, self.suffix, grammar)
         self.schema = SchemaFixed(tools, tokenizer) if tools and config.enabled and config.schema_proposals else None
         self.prefix: DraftPrefix | None = None
-        self.lane: int | None = None  # the thinking lane, which goes on as the answer
+        self.thinking_lane: int | None = None  # the thinking lane, which goes on as the answer (while running)
         self.lane_tokens: list[int] = []  # transcript tokens the lane's cache holds after the prompt (some stale)
         self.synced = 0  # lane_tokens[:synced] == transcript.tokens[:synced]
         self.reused = 0  # prompt tokens whose cache came from the previous request
         self._streamed = ["", ""]
         self.window_cap: int | None = None  # max_tokens the context window allows (set by the engine)
         self.shared: Shared = ALONE  # what other requests put in the last pass (set by the scheduler)
+
+    @property
+    def _lane(self) -> int:
+        """The thinking lane, which the steps of ``run`` use (it exists from the start of ``run`` to its end)."""
+        if self.thinking_lane is None:
+            raise RuntimeError("the request has no thinking lane: it is not running")
+        return self.thinking_lane
 
     def _suffix_sources(self) -> SuffixSources | None:
         cfg = self.config
@@ -85,12 +105,12 @@ class Request:
         text becomes final; frees the request's lanes on exit (a finished request parks its thinking lane)."""
         self.counts.start = time.perf_counter()
         try:
-            self.lane = self.backend.new_lane(self.prompt_ids)
-            self.reused = min(self.backend.length(self.lane), len(self.prompt_ids) - 1)  # re-feed >= 1 token
-            self.backend.truncate(self.lane, self.reused)
+            self.thinking_lane = self.backend.new_lane(self.prompt_ids)
+            self.reused = min(self.backend.length(self.thinking_lane), len(self.prompt_ids) - 1)  # re-feed >= 1 token
+            self.backend.truncate(self.thinking_lane, self.reused)
             status = yield from self._prefill()
             yield from self._deltas()
-            while status != FINISHED:
+            while status != Status.FINISHED:
                 if self.cancel.is_set():
                     raise Cancelled("request cancelled")
                 status = yield from (self._think_step() if self.transcript.thinking else self._answer_step())
@@ -101,36 +121,37 @@ class Request:
         finally:
             self.drafts.drop_probs()
             self.drafts.retire_all()
-            if self.lane is not None:
+            if self.thinking_lane is not None:
                 if self.transcript.finish is not None:
-                    self.backend.park(self.lane)  # an agent's next step may extend this conversation
+                    self.backend.park(self.thinking_lane)  # an agent's next step may extend this conversation
                 else:  # cancelled or failed: nothing worth keeping
-                    self.backend.release(self.lane)
-                self.lane = None
+                    self.backend.release(self.thinking_lane)
+                self.thinking_lane = None
 
     def _prefill(self):
         forced = self.transcript.tokens  # a forced answer opening when there is no thinking phase
-        logits = yield from self._step({self.lane: self.prompt_ids[self.reused:] + forced}, {self.lane: 1}, "prefill")
-        rows = self._constrained(logits[self.lane], [])
-        return self._after(self._accept(Proposal([], "none"), rows, Speculation()))
+        lane = self._lane
+        logits = yield from self._step({lane: self.prompt_ids[self.reused:] + forced}, {lane: 1}, Phase.PREFILL)
+        rows = self._constrained(logits[lane], [])
+        return self._answer_on_close(self._accept(Proposal([], "none"), rows, Speculation()))
 
     def _think_step(self):
         self._maybe_fork()
         rows = 1 + len(self.drafts.live)
         proposal = self._proposal(rows, [self.suffix] if self.suffix and self.config.think_speculation else [])
         feeds, want = self._lane_feed(proposal)
-        draft_feeds, draft_want = self.drafts.feeds(len(feeds[self.lane]))
-        out = yield from self._step({**feeds, **draft_feeds}, {**want, **draft_want}, "think")
-        status = self._accept(proposal, out[self.lane], self.counts.think)
+        draft_feeds, draft_want = self.drafts.feeds(len(feeds[self._lane]))
+        out = yield from self._step({**feeds, **draft_feeds}, {**want, **draft_want}, Phase.THINK)
+        status = self._accept(proposal, out[self._lane], self.counts.think)
         self.drafts.advance(out)  # before a close retires them: this pass wrote their tokens too
-        return self._after(status)
+        return self._answer_on_close(status)
 
     def _answer_step(self):
         proposal = self._proposal(1, [p for p in (self.prefix, self.schema, self.suffix) if p is not None])
         feeds, want = self._lane_feed(proposal)
-        rows = (yield from self._step(feeds, want, "answer"))[self.lane]
+        rows = (yield from self._step(feeds, want, Phase.ANSWER))[self._lane]
         rows = self._constrained(rows, proposal.tokens)
-        return self._after(self._accept(proposal, rows, self.counts.answer))
+        return self._answer_on_close(self._accept(proposal, rows, self.counts.answer))
 
     # -- proposals, verification, acceptance ---------------------------------------------------------------------------
     def _proposal(self, rows: int, proposers: list) -> Proposal:
@@ -149,10 +170,10 @@ class Request:
 
     def _lane_feed(self, proposal: Proposal) -> tuple[dict[int, list[int]], dict[int, int]]:
         """The lane's feed: transcript tokens its cache lacks, then the proposal; one row per proposed token + 1."""
-        return ({self.lane: self.transcript.tokens[self.synced:] + proposal.tokens},
-                {self.lane: len(proposal.tokens) + 1})
+        return ({self._lane: self.transcript.tokens[self.synced:] + proposal.tokens},
+                {self._lane: len(proposal.tokens) + 1})
 
-    def _accept(self, proposal: Proposal, rows: torch.Tensor, phase: Speculation) -> str:
+    def _accept(self, proposal: Proposal, rows: torch.Tensor, phase: Speculation) -> Status:
         """Verify ``proposal`` against ``rows``, push what passed through the transcript, and keep the lane's cache
         to what the transcript still holds. Returns the transcript's status after the last token pushed."""
         t = self.transcript
@@ -161,17 +182,17 @@ class Request:
         self.lane_tokens += t.tokens[self.synced:] + proposal.tokens  # what the step fed
         accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
         run = proposal.tokens[:accepted] + [token]
-        status, pushed = CONTINUE, 0
+        status, pushed = Status.CONTINUE, 0
         for tok in run:
             status = t.push(tok)
             pushed += 1
-            if status != CONTINUE:
+            if status != Status.CONTINUE:
                 break
         taken = min(accepted, pushed)
         phase.add(len(proposal.tokens), taken)
-        if status != CONTINUE and taken:  # a rule ended the phase within or right after an accepted run
-            phase.end(f"close:{t.closed_by}" if status == CLOSED else
-                      f"finish:{t.finish.reason}" if status == FINISHED else status)
+        if status != Status.CONTINUE and taken:  # a rule ended the phase within or right after an accepted run
+            phase.end(f"close:{t.closed_by}" if status == Status.CLOSED else
+                      f"finish:{t.finish.reason}" if status == Status.FINISHED and t.finish else str(status))
         if proposal.tokens:
             self.policy.counts.record(proposal.source, proposal.match_len, len(proposal.tokens), accepted,
                                       phase="answer" if phase is self.counts.answer else "think")
@@ -183,17 +204,18 @@ class Request:
         self._sync(before)
         return status
 
-    def _after(self, status: str) -> str:
-        if status == CLOSED:
+    def _answer_on_close(self, status: Status) -> Status:
+        """A closed thinking starts the answer, and decoding goes on; any other status is passed on."""
+        if status == Status.CLOSED:
             self._start_answer()
-            return CONTINUE
+            return Status.CONTINUE
         return status
 
     def _credit_answer(self, proposal: Proposal, taken: int, whole: bool, bonus: int) -> None:
         c = self.counts
         c.proposals_accepted += taken > 0
         c.credit(proposal.source, taken)
-        if proposal.source == "prefix":
+        if proposal.source == "prefix" and self.prefix is not None:  # the prefix stage's proposals come from it
             c.accepted_prefix += taken
             self.prefix.draft.accepted_prefix += taken
             self.prefix.advance(taken, whole, bonus)
@@ -202,13 +224,13 @@ class Request:
         if proposal.source.startswith("draft:"):
             self.drafts.all[int(proposal.source.split(":")[1])].accepted_suffix += taken
 
-    def _grow_sources(self, before: int, pushed: list[int], status: str) -> None:
+    def _grow_sources(self, before: int, pushed: list[int], status: Status) -> None:
         """New transcript tokens join the suffix index: thinking tokens as "thinking", answer tokens as "answer".
         A close that a "Wait" continuation rewound joins too: the model wrote it and may write it again."""
         if self.suffix is None:
             return
         t = self.transcript
-        if status == REWOUND:
+        if status == Status.REWOUND:
             self.suffix.extend("thinking", pushed + t.continue_ids)
             return
         start = min(before, len(t.tokens))
@@ -226,7 +248,7 @@ class Request:
             keep += 1
         del held[keep:]
         self.synced = keep
-        self.backend.truncate(self.lane, len(self.prompt_ids) + keep)
+        self.backend.truncate(self._lane, len(self.prompt_ids) + keep)
 
     def _constrained(self, rows: torch.Tensor, proposal: list[int]) -> torch.Tensor:
         """``rows`` for the positions after the answer so far and after each prefix of ``proposal``, masked by the
@@ -238,12 +260,12 @@ class Request:
             self.constraint = self.grammar.constraint(before=t.answer_residual)
         return self.constraint.rows(rows, t.answer_tokens, proposal)
 
-    def _step(self, feeds, want, phase: str):
+    def _step(self, feeds, want, phase: Phase):
         t0 = time.perf_counter()
         out = yield Step(feeds, want, phase)
         self.counts.seconds[phase] += time.perf_counter() - t0
         self.counts.forward_passes += 1
-        if phase != "prefill":
+        if phase != Phase.PREFILL:
             self.counts.passes[phase] += 1
         return out
 
@@ -258,7 +280,7 @@ class Request:
             self.counts.forks_declined += 1
             self.drafts.declined_at = t.think_tokens  # ask again only a whole interval later
             return
-        self.drafts.fork(self.lane, t.tokens[self.synced:], tail_of(self.prompt_ids, t.tokens))
+        self.drafts.fork(self._lane, t.tokens[self.synced:], tail_of(self.prompt_ids, t.tokens))
 
     def _start_answer(self) -> None:
         self.drafts.retire_all()
@@ -275,9 +297,9 @@ class Request:
 
     def _align(self, tokens: list[int]) -> int | None:
         """Where in the draft the answer so far ends (by text; the closing token may merge with what follows)."""
-        said = self.transcript.raw_answer()
+        answer_so_far = self.transcript.raw_answer()
         for j in range(min(len(tokens), 8) + 1):
-            if self.transcript.draft_answer(tokens[:j]) == said:
+            if self.transcript.draft_answer(tokens[:j]) == answer_so_far:
                 return j
         return None
 

@@ -44,6 +44,13 @@ class Draft:
     speculated: int = 0  # of its tokens, how many came from accepted proposals
     constraint: Constraint | None = None  # the request's grammar over this draft's answer
 
+    @property
+    def live_lane(self) -> int:
+        """Its lane, while it is live (retiring it frees the lane)."""
+        if self.lane is None:
+            raise RuntimeError(f"draft {self.index} is retired: it has no lane")
+        return self.lane
+
     def drop_probs(self) -> None:
         """Free the token distributions: nothing will verify this draft's tokens under sampling any more."""
         if self.probs:
@@ -88,14 +95,14 @@ class DraftLanes:
         if len(self.live) >= cfg.max_drafts:
             self.retire(self.live[0])
         previous = self.all[-1] if self.all else None
-        boot = previous.tokens[: cfg.max_draft_tokens] if previous is not None and cfg.bootstrap_drafts else []
+        bootstrap = previous.tokens[: cfg.max_draft_tokens] if previous is not None and cfg.bootstrap_drafts else []
         draft = Draft(index=len(self.all), budget=t.think_tokens, lane=self.backend.fork(parent),
                       feed=pending + t.close_ids, head=tail_of(head, t.close_ids))
         if self.grammar is not None:
             draft.constraint = self.grammar.constraint(before=t.answer_residual_of(t.close_ids))
-        if boot:  # without the draft's distributions (greedy) its tokens are point masses, exact all the same
-            probs = previous.probs[: len(boot)]
-            draft.proposal = Proposal(list(boot), "bootstrap", 0, probs if len(probs) == len(boot) else None)
+        if previous is not None and bootstrap:  # without the draft's distributions (greedy) its tokens are point
+            probs = previous.probs[: len(bootstrap)]  # masses, exact all the same
+            draft.proposal = Proposal(list(bootstrap), "bootstrap", 0, probs if len(probs) == len(bootstrap) else None)
         self.all.append(draft)
         self.live.append(draft)
         if self.suffix is not None:
@@ -112,8 +119,8 @@ class DraftLanes:
                 context = Context(tail_of(draft.head, draft.tokens))
                 draft.proposal = self.suffix.propose(context, room) if room > 0 else None
             proposal = draft.proposal.tokens if draft.proposal is not None else []
-            feeds[draft.lane] = draft.feed + proposal
-            want[draft.lane] = len(proposal) + 1
+            feeds[draft.live_lane] = draft.feed + proposal
+            want[draft.live_lane] = len(proposal) + 1
         return feeds, want
 
     def advance(self, out: dict[int, torch.Tensor]) -> None:
@@ -121,7 +128,7 @@ class DraftLanes:
         for draft in list(self.live):
             proposal = draft.proposal or Proposal([], "none")
             draft.proposal = None
-            rows = out[draft.lane]
+            rows = out[draft.live_lane]
             if draft.constraint is not None:
                 rows = draft.constraint.rows(rows, draft.tokens, proposal.tokens)
             if self.sampler.greedy:
@@ -138,7 +145,8 @@ class DraftLanes:
                 draft.bootstrapped = accepted
             else:
                 draft.speculated += accepted
-            self.backend.truncate(draft.lane, self.backend.length(draft.lane) - (len(proposal.tokens) - accepted))
+            lane = draft.live_lane
+            self.backend.truncate(lane, self.backend.length(lane) - (len(proposal.tokens) - accepted))
             del proposal  # a bootstrap's distributions (the previous draft's) are no longer needed by this lane
             self._append(draft, new, probs)
 

@@ -13,7 +13,7 @@ from .backends import choose_backend, load_backend
 from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_prompt, resolve_thinking, tool_call_opening
 from .config import SSRConfig
 from .costs import CostTable
-from .decode import Request
+from .decode import Decoding
 from .grammar import Grammar, Grammars, check_tools, json_grammar, response_schema, tool_call_grammar
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
@@ -97,7 +97,7 @@ class SSREngine:
         return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window, thinking)
 
     def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
-                 thinking: bool | None = None, response_format: dict | None = None, **overrides) -> Request:
+                 thinking: bool | None = None, response_format: dict | None = None, **overrides) -> Decoding:
         unknown = set(overrides) - set(_SAMPLING)
         if unknown:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
@@ -111,9 +111,9 @@ class SSREngine:
         if cfg.max_tokens > window_cap:
             cfg = cfg.override(max_tokens=window_cap, max_think_tokens=min(cfg.max_think_tokens, window_cap),
                                min_think_tokens=min(cfg.min_think_tokens, window_cap))
-        request = Request(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
-                          cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
-                          grammar=grammar)
+        request = Decoding(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
+                           cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
+                           grammar=grammar)
         request.window_cap = window_cap
         return request
 
@@ -145,7 +145,7 @@ class SSREngine:
             return None
         grammars, family = self.grammars(), self.family
         text = json_grammar(schema) if schema is not None else tool_call_grammar(
-            tools, tool_choice, family.tool_call_open, family.tool_call_close,
+            tools or [], tool_choice, family.tool_call_open, family.tool_call_close,
             special_markers=grammars.is_special(family.tool_call_open))
         return grammars.compile(text)
 
@@ -187,14 +187,14 @@ class SSREngine:
         finally:
             request.cancel.set()  # a no-op once it has ended; a caller that stops reading cancels it
         parsed = request.transcript.tool_calls(tools) if tools else None  # in the family's call format
-        if calls is not None:
+        if calls is not None and parsed is not None:  # both exist exactly when tools are bound
             yield from _events(calls.finish(parsed))  # also gives the parsed calls their streamed ids
         yield StreamEvent("done", result=self._result(request, parsed, job.queue_seconds))
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Think, then answer; same keywords as ``stream``."""
         for event in self.stream(prompt, **kwargs):
-            if event.kind == "done":
+            if event.kind == "done" and event.result is not None:  # "done" always carries it
                 return event.result
         raise RuntimeError("generation ended without a result")  # unreachable
 
@@ -231,11 +231,11 @@ class SSREngine:
 
     async def agenerate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         async for event in self.astream(prompt, **kwargs):
-            if event.kind == "done":
+            if event.kind == "done" and event.result is not None:  # "done" always carries it
                 return event.result
         raise RuntimeError("generation ended without a result")  # unreachable
 
-    def _result(self, request: Request, parsed: ToolCallParse | None, queue_seconds: float) -> GenerationResult:
+    def _result(self, request: Decoding, parsed: ToolCallParse | None, queue_seconds: float) -> GenerationResult:
         t = request.transcript
         answer = t.answer()
         reason = t.finish.reason if t.finish else "stop"
@@ -243,7 +243,7 @@ class SSREngine:
             reason = "tool_calls"
         stats = request.stats()
         stats["seconds"] = {**stats["seconds"], "queue": round(queue_seconds, 4)}  # waiting for a running slot
-        if reason == "length" and len(t.tokens) >= request.window_cap:
+        if reason == "length" and request.window_cap is not None and len(t.tokens) >= request.window_cap:
             stats["finish_note"] = (f"the context window of {self.context_window} tokens is full: "
                                     f"{len(request.prompt_ids)} prompt + {len(t.tokens)} generated tokens")
         return GenerationResult(

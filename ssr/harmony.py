@@ -56,7 +56,7 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = 
     out = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new())]
     if instructions or tools:
         out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
-    call_names: dict[str, str] = {}
+    call_names: dict[str | None, str] = {}  # call id (None: a call without one) -> tool name
     for m in messages:
         role = m["role"]
         if role == "user":
@@ -110,14 +110,17 @@ def parse(text: str, tools: list[dict[str, Any]] | None = None) -> HarmonyParse:
     except HarmonyError:
         pass
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
-    reasoning, content, calls, invalid = [], [], [], []
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    invalid: list[dict[str, Any]] = []
     for channel, recipient, body in pieces:
         if recipient and recipient.startswith("functions."):
             call, error = _call(recipient.removeprefix("functions."), body, schemas if tools else None)
-            if error is None:
-                calls.append(call)
-            else:
+            if error is not None:
                 invalid.append(error)
+            elif call is not None:  # one of the two is None
+                calls.append(call)
         elif channel == "analysis":
             reasoning.append(body)
         else:

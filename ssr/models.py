@@ -33,7 +33,9 @@ def cache_dir() -> Path:
 
 
 def canonical_name(model: str | None) -> str:
-    return ALIASES.get(model, model)  # type: ignore[arg-type]
+    if model is None:
+        return DEFAULT_MODEL
+    return ALIASES.get(model, model)
 
 
 def resolve_model(model: str | None) -> str:

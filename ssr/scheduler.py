@@ -1,6 +1,6 @@
 """The engine's scheduler: one thread steps the lanes of every live request together (continuous batching).
 
-A request is a generator (``ssr.decode.Request.run``) that yields the pass it needs next. Between passes requests
+A request is a generator (``ssr.decode.Decoding.run``) that yields the pass it needs next. Between passes requests
 join and leave; each pass puts the thinking, draft and answer lanes of every running request into ONE backend
 step, since a step with a few more rows costs little more than one row. A new request's prefill runs in a pass of
 its own, in chunks while others are decoding, so a long prompt stalls them by one chunk at a time; requests start
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Iterator
 
-from .decode import Event, Request, Step
+from .decode import Decoding, Event, Phase, Step
 from .errors import Cancelled, QueueFull, RequestTimeout
 from .policy import Shared
 
@@ -30,7 +30,7 @@ _END = object()
 class Job:
     """One submitted request: its generator, the events its caller reads, its deadline, the pass it waits for."""
 
-    def __init__(self, request: Request, timeout: float | None) -> None:
+    def __init__(self, request: Decoding, timeout: float | None) -> None:
         self.request = request
         self.run = request.run()
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # Events, then _END or the exception it ended with
@@ -39,6 +39,13 @@ class Job:
         self.deadline = None if timeout is None else self.submitted + timeout
         self.step: Step | None = None
         self.prefilled = 0  # tokens of a chunked prefill already fed
+
+    @property
+    def next_step(self) -> Step:
+        """The pass the request waits for; only a job that has one (``step`` not None) is in a pass."""
+        if self.step is None:
+            raise RuntimeError("the request waits for no pass: it has ended")
+        return self.step
 
     @property
     def queue_seconds(self) -> float:
@@ -98,7 +105,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
 
     # -- callers' side -------------------------------------------------------------------------------------------
-    def submit(self, request: Request, timeout: float | None = None) -> Job:
+    def submit(self, request: Decoding, timeout: float | None = None) -> Job:
         """Queue ``request``; raises ``QueueFull`` when ``max_queue`` requests are already waiting."""
         job = Job(request, timeout)
         with self._wake:
@@ -157,7 +164,7 @@ class Scheduler:
         """Start the next waiting request once no request is prefilling: its lane can then fork the cached prompt
         of a running request that shares its prefix (a common system prompt is prefilled once), and prefills, which
         cost the same merged or apart, run one at a time."""
-        while not any(job.step is not None and job.step.phase == "prefill" for job in self._running):
+        while not any(job.step is not None and job.step.phase == Phase.PREFILL for job in self._running):
             with self._wake:
                 if not self._waiting or len(self._running) >= self.max_running:
                     return
@@ -177,20 +184,20 @@ class Scheduler:
             if job.step is not None and (why := job.why_stop(now)) is not None:
                 job.stop(why)
         ready = [job for job in self._running if job.step is not None]
-        decoding = [job for job in ready if job.step.phase != "prefill"]
-        prefilling = [job for job in ready if job.step.phase == "prefill"]
+        decoding = [job for job in ready if job.next_step.phase != Phase.PREFILL]
+        prefilling = [job for job in ready if job.next_step.phase == Phase.PREFILL]
         if decoding:
-            self._pass(decoding, {job: (job.step.feeds, job.step.want) for job in decoding})
+            self._pass(decoding, {job: (job.next_step.feeds, job.next_step.want) for job in decoding})
         if prefilling:
             self._pass(prefilling, {job: self._prefill_chunk(job, chunked=bool(decoding)) for job in prefilling})
 
     def _prefill_chunk(self, job: Job, chunked: bool) -> tuple[dict, dict]:
         """The next part of ``job``'s prefill: all of it when nothing else decodes, else ``prefill_chunk`` tokens."""
-        (lane, tokens), = job.step.feeds.items()
+        (lane, tokens), = job.next_step.feeds.items()
         rest = tokens[job.prefilled:]
         if chunked and len(rest) > self.prefill_chunk:
             return {lane: rest[: self.prefill_chunk]}, {lane: 1}
-        return {lane: rest}, job.step.want
+        return {lane: rest}, job.next_step.want
 
     def _pass(self, jobs: list[Job], parts: dict[Job, tuple[dict, dict]]) -> None:
         feeds, want = {}, {}
@@ -205,14 +212,14 @@ class Scheduler:
             return
         finally:
             self.passes += 1
-        if jobs[0].step.phase != "prefill":
+        if jobs[0].next_step.phase != Phase.PREFILL:
             _share(jobs, parts)
         for job in jobs:
             job_feeds = parts[job][0]
-            if job.step.phase == "prefill":
+            if job.next_step.phase == Phase.PREFILL:
                 (lane, fed), = job_feeds.items()
                 job.prefilled += len(fed)
-                if job.prefilled < len(job.step.feeds[lane]):
+                if job.prefilled < len(job.next_step.feeds[lane]):
                     continue  # more of the prompt to come; these logits are not needed
             job.advance({lane: out[lane] for lane in job_feeds})
 

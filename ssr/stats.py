@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .decode import Decoding
 
 PHASES = ("think", "draft", "answer")
 
@@ -54,8 +58,8 @@ class RequestCounts:
         self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + taken
 
 
-def request_stats(request) -> dict:
-    """The stats dict of a finished (or running) request (``ssr.decode.Request``)."""
+def request_stats(request: Decoding) -> dict:
+    """The stats dict of a finished (or running) request (``ssr.decode.Decoding``)."""
     t, c, drafts = request.transcript, request.counts, request.drafts
     accepted = c.accepted_prefix + c.accepted_suffix
     total = time.perf_counter() - c.start

@@ -218,13 +218,13 @@ def _tag_start(s: str, start: int, tag: str) -> int:
 def _coalesce(events: list[Event]) -> list[Event]:
     """Merge neighbouring content events, and argument fragments of the same call, made by one feed."""
     out: list[Event] = []
-    for kind, value in events:
-        last = out[-1] if out else None
-        if last is not None and kind == last[0] == "content":
-            out[-1] = ("content", last[1] + value)
-        elif (last is not None and kind == last[0] == "tool_call" and value.index == last[1].index
+    for kind, value in events:  # "content" events carry a str, "tool_call" events a ToolCallDelta
+        last = out[-1][1] if out else None
+        if isinstance(value, str) and isinstance(last, str):
+            out[-1] = ("content", last + value)
+        elif (isinstance(value, ToolCallDelta) and isinstance(last, ToolCallDelta) and value.index == last.index
               and value.id is None and value.name is None):
-            last[1].arguments += value.arguments
+            last.arguments += value.arguments
         else:
             out.append((kind, value))
     return out

@@ -1,4 +1,4 @@
-"""The main lane's generated tokens and what they mean: thinking, forced text, answer, and when to stop.
+"""The thinking lane's generated tokens and what they mean: thinking, forced text, answer, and when to stop.
 
 Plain decoding and SSR push the same tokens through the same transcript, so budget forcing, stop strings and
 ``max_tokens`` act identically in both. Text is decoded incrementally (``IncrementalText``), so the work per pushed
@@ -8,12 +8,23 @@ token does not grow with the length of the chain of thought.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from . import harmony
 from .chat import ChatFamily, ToolCallParse, parse_tool_calls
 from .config import SSRConfig
 
-CONTINUE, CLOSED, REWOUND, FINISHED = "continue", "closed", "rewound", "finished"
+
+class Status(StrEnum):
+    """What the token ``Transcript.push`` took did to the generation (a str: compares equal to its value)."""
+
+    CONTINUE = "continue"  # nothing ended: decode on
+    CLOSED = "closed"  # the thinking closed (by the model, EOS or the budget): the answer begins
+    REWOUND = "rewound"  # a close before min_think_tokens was replaced by the "Wait" continuation
+    FINISHED = "finished"  # the generation ended: EOS, a stop string, a required call's end or max_tokens
+
+
+CONTINUE, CLOSED, REWOUND, FINISHED = Status.CONTINUE, Status.CLOSED, Status.REWOUND, Status.FINISHED  # the short names
 CONTEXT = 4  # tokens decoded ahead of the new ones, for decoders whose text for a token depends on what precedes it
 STEP = 64  # most tokens decoded in one window when catching up
 MARKER_WINDOW = 8  # the close marker is looked for in the last this many tokens, so a rewind cuts no further back
@@ -130,7 +141,7 @@ class Transcript:
         return self.tokenizer.decode(tokens, skip_special_tokens=not self.family.harmony)
 
     # -- pushing tokens --------------------------------------------------------------------------------------------
-    def push(self, token: int) -> str:
+    def push(self, token: int) -> Status:
         """Add one model-chosen token; returns CONTINUE, CLOSED, REWOUND (early close replaced) or FINISHED."""
         self.sampled += 1
         if self.thinking and token in self.eos_ids:
@@ -151,7 +162,7 @@ class Transcript:
             return FINISHED
         return self._check_length()
 
-    def _check_length(self) -> str:
+    def _check_length(self) -> Status:
         if len(self.tokens) >= self.config.max_tokens:
             self.finish = Finish("length")
             if self.thinking:
@@ -165,7 +176,7 @@ class Transcript:
             return False
         return self.marker not in self.decode(self.tokens[-MARKER_WINDOW:-1])
 
-    def _rewind(self) -> str:
+    def _rewind(self) -> Status:
         """min_think_tokens: drop the tokens that spelled the close marker and continue thinking instead."""
         at = self._all.text().rfind(self.marker)
         cut = len(self.tokens) - 1
@@ -177,7 +188,7 @@ class Transcript:
         self._append_forced(self.continue_ids)
         return REWOUND
 
-    def _close_thinking(self, by: str) -> str:
+    def _close_thinking(self, by: str) -> Status:
         self._append_forced(self.close_ids)
         return self._mark_closed(by)
 
@@ -185,7 +196,7 @@ class Transcript:
         self.tokens.extend(ids)
         self.forced += len(ids)
 
-    def _mark_closed(self, by: str) -> str:
+    def _mark_closed(self, by: str) -> Status:
         text = self._all.text()
         at = text.rfind(self.marker)
         reasoning = text[:at]
@@ -250,7 +261,7 @@ class Transcript:
     # -- text --------------------------------------------------------------------------------------------------------
     def raw_answer(self) -> str:
         """Answer text as generated (leading whitespace kept), before stop-string truncation."""
-        if self.answer_start is None:
+        if self._answer is None:  # set with answer_start, when the answer begins
             return ""
         return self.answer_residual + self._answer.text()
 

@@ -9,3 +9,5 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from shared_fixtures import default_engine, no_network, tokenizer  # noqa: E402, F401  (registered by import)
+# the hooks of parallel runs (pytest-xdist: workers, their torch threads, tests that share a worker)
+from shared_fixtures import pytest_cmdline_main, pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401

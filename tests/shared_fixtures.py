@@ -1,5 +1,10 @@
 """Fixtures shared by the engine's tests (tests/conftest.py) and the partner packages' tests
-(integrations/*/tests/conftest.py): a conftest registers them by importing them."""
+(integrations/*/tests/conftest.py): a conftest registers them by importing them.
+
+Also the suite's hooks for parallel runs (pytest-xdist), registered the same way: on a machine with two or more cores
+the README's test command runs the tests in worker processes (``pytest_cmdline_main``), each worker with its share of
+the cores as torch threads (``pytest_configure``). ``-n 0`` (or ``-p no:xdist``) runs them in one process, as before;
+``-n N`` chooses the number of workers."""
 
 from __future__ import annotations
 
@@ -10,6 +15,70 @@ import pytest
 # The suite's backend: transformers unless SSR_BACKEND names another, so that the same tests run the same backend
 # whether or not llama-cpp-python is installed ("auto" would pick llama.cpp then; its tests are tests/test_llama_cpp.py)
 os.environ.setdefault("SSR_BACKEND", "transformers")
+
+MAX_WORKERS = 4  # each worker holds its own copy of the default model (2 GB in float32) and its own calibration
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the number of workers into its worker list
+def pytest_cmdline_main(config):
+    """Without ``-n``: one worker per core (at most MAX_WORKERS; none on one core, where workers buy nothing), the
+    tests distributed one by one except those of an ``xdist_group`` mark, which share a worker (``--dist
+    loadgroup``). Not under ``--pdb``, ``--collect-only``, nor in a worker; nothing where xdist is not installed."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is not None or config.option.dist != "no":  # -n or --dist given: as asked
+        return
+    if config.getoption("usepdb", False) or config.option.collectonly:
+        return
+    workers = min(_cores(), MAX_WORKERS)
+    if "PYTEST_XDIST_AUTO_NUM_WORKERS" in os.environ:  # xdist's own override of "-n auto"
+        workers = int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if workers >= 2:
+        config.option.numprocesses = workers
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the marks
+def pytest_collection_modifyitems(config, items):
+    """A module's tests that share a module- or class-scoped fixture (a server process, an engine, outputs computed
+    once) run on one worker: in a parallel run that fixture is set up once, as in one process. Session fixtures (the
+    default model) are set up once per worker; the other tests go to whichever worker is free."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group"):  # marked in its file, or here already (each conftest calls this)
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info is not None else []
+        if any(d.scope in ("module", "class", "package") for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def pytest_configure(config):
+    """In a worker: torch on the worker's share of the cores (one thread each for two workers on two cores), unless
+    OMP_NUM_THREADS says otherwise. In the controller of a parallel run: the embedded model converted once, before the
+    workers start (two workers converting it at once would replace each other's copy)."""
+    if hasattr(config, "workerinput"):
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        if count > 1 and "OMP_NUM_THREADS" not in os.environ:
+            import torch
+
+            torch.set_num_threads(max(1, _cores() // count))
+    elif getattr(config.option, "numprocesses", None) and not config.option.collectonly:
+        from ssr import models
+
+        if not (models.cache_dir() / models.DEFAULT_MODEL / "config.json").exists():
+            try:
+                models.resolve_model(None)
+            except ValueError:  # the default model's wheels are not installed: its tests skip
+                pass
 
 
 @pytest.fixture(scope="session")

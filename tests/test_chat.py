@@ -1,10 +1,8 @@
-"""Tool-call parsing, schema proposals and prompt rendering (no model needed beyond a tokenizer)."""
+"""ssr/chat.py: tool-call parsing (no model needed)."""
 
 from __future__ import annotations
 
 from ssr.chat import parse_tool_calls
-from ssr.schema import SchemaProposer
-from ssr.transcript import json_object_end
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -50,26 +48,7 @@ def test_bad_calls_become_invalid_never_raise():
     assert "one of" in enum.invalid_tool_calls[0]["error"]
 
 
-def test_schema_proposals():
-    schema = SchemaProposer(TOOLS)
-    assert schema.propose("<tool_call>") == '\n{"name": "'
-    assert schema.propose('<tool_call>\n{"name": "get_w') == 'eather", "arguments":'
-    assert schema.propose('<tool_call>\n{"name": "get_') == ""  # two tools share the prefix: nothing is fixed
-    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"ci') == 'ty": '
-    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "u') == 'nit": '
-    assert schema.propose('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == ""
-    assert schema.propose("no call here") == ""
-    assert schema.propose('<tool_call>{"name": "get_time"}</tool_call>') == ""
-
-
 def test_echoed_tool_definition_is_not_a_call():
     echo = '{"name": "get_time", "description": "d", "parameters": {"type": "object", "properties": {}}}'
     parsed = parse_tool_calls(echo, TOOLS)
     assert not parsed.tool_calls and "definition" in parsed.invalid_tool_calls[0]["error"]
-
-
-def test_json_object_end():
-    assert json_object_end('x{"a": {"b": "}"}} tail', 1) == 18
-    assert json_object_end('{"a": "\\"}"', 0) is None  # the brace is inside the string
-    assert json_object_end('{"a": [1, {"b": 2}]}', 0) == 20
-    assert json_object_end('{"a": 1', 0) is None and json_object_end("{}", -1) is None

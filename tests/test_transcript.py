@@ -2,7 +2,8 @@
 
 Each case pushes the same tokens through a Transcript and through a reference whose text views decode everything
 from scratch (what Transcript did before it decoded incrementally), and compares every public text method, the
-streaming view and the state after every push.
+streaming view and the state after every push. Also ``json_object_end``, the JSON scan the transcript's
+rules use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from ssr.chat import QWEN2_INSTRUCT, ChatFamily
 from ssr.config import SSRConfig
-from ssr.transcript import CLOSED, FINISHED, REWOUND, Transcript
+from ssr.transcript import CLOSED, FINISHED, REWOUND, Transcript, json_object_end
 from tiny import TINY_FAMILY, TOOL_VOCAB, tiny_tokenizer
 
 QWEN_PATH = Path.home() / ".cache/ssr/qwen2.5-coder-0.5b-instruct"
@@ -270,3 +271,10 @@ def test_rewind_keeps_the_streamed_view(qwen):
     before = tok.tokens
     t.visible(0)
     assert tok.tokens - before < 40
+
+
+def test_json_object_end():
+    assert json_object_end('x{"a": {"b": "}"}} tail', 1) == 18
+    assert json_object_end('{"a": "\\"}"', 0) is None  # the brace is inside the string
+    assert json_object_end('{"a": [1, {"b": 2}]}', 0) == 20
+    assert json_object_end('{"a": 1', 0) is None and json_object_end("{}", -1) is None

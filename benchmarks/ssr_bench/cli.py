@@ -62,6 +62,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=None,
                         help="benchmark data folder for classeval and longproc (default: $SSR_BENCH_DATA; "
                              "no other default)")
+    parser.add_argument("--agent-front", choices=("engine", "langchain", "llamaindex"), default="engine",
+                        help="the agent suite's loop: SSREngine.generate per step, ChatSSR in LangChain's "
+                             "create_agent, or the SSR LLM in a LlamaIndex FunctionAgent")
+    parser.add_argument("--agent-steps", type=int, default=None, help="the agent suite's step limit (default 8)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from --out's results")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true")
@@ -122,7 +126,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         run = BenchRun(suites=suites, methods=methods, out=out, n=args.n if args.n is not None else PRESET_N[args.preset],
                        model=args.model, backend=args.backend, preset=args.preset, overrides=overrides,
                        data_dir=args.data_dir, progress=not args.no_progress,
-                       backend_kwargs=backend_kwargs(args.backend_arg))
+                       backend_kwargs=backend_kwargs(args.backend_arg), agent_front=args.agent_front,
+                       agent_steps=args.agent_steps)
         run_bench(run)
     results = out / "results.jsonl"
     report = write_report(results)

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ssr.config import SSRConfig
+from .figures import pyplot, save
 from .suites import load_humaneval
 
 METHODS = {"plain": dict(enabled=False), "ssr": {}}
@@ -119,12 +120,7 @@ def report(record: dict[str, Any]) -> str:
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 4))
     for method in dict.fromkeys(r["method"] for r in record["rows"]):
         rows = [r for r in record["rows"] if r["method"] == method]
         levels = [r["concurrency"] for r in rows]
@@ -136,9 +132,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
     for ax in (left, right):
         ax.legend()
         ax.set_xticks(record["levels"], [str(n) for n in record["levels"]])
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 def _machine() -> str:

@@ -237,3 +237,23 @@ def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcom
     return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
                    stats={"new_tokens": len(new), "forward_passes": out.get("steps"),
                           "prefill_s": out.get("prefill_s")})
+
+
+def run_agent(engine, item: dict[str, Any], config: SSRConfig, front: str = "engine",
+              max_steps: int | None = None) -> Outcome:
+    """One task of the agent suite, run as a whole tool loop through ``front``; latency is the task's end to end,
+    the token ids are every step's, and ``stats["steps"]`` holds each step's numbers."""
+    from . import agent
+
+    run = {"engine": agent.run_engine_loop, "langchain": agent.run_langchain_loop,
+           "llamaindex": agent.run_llamaindex_loop}[front]
+    outcome = run(engine, agent.TASKS_BY_ID[item["task"]], config, max_steps or agent.MAX_STEPS)
+    if any(not s.token_ids for s in outcome.steps):  # never compare runs that carry nothing to compare
+        raise RuntimeError(f"the {front} front gave a step without its token ids")
+    stats = agent.aggregate_stats(outcome.steps)
+    stats.update(solved=outcome.solved, steps=[agent.step_summary(s) for s in outcome.steps])
+    last = outcome.steps[-1] if outcome.steps else None
+    return Outcome(token_ids=outcome.token_ids, answer=last.answer if last else "",
+                   tool_calls=[{"name": c["name"], "arguments": c["arguments"]} for s in outcome.steps
+                               for c in s.tool_calls],
+                   latency_s=outcome.latency_s, ttfa_s=None, stats=stats)

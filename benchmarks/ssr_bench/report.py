@@ -8,35 +8,15 @@ spent, and per-item latency of SSR against plain.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import methods as M
+from .agent_report import agent_section
+from .figures import fmt, geomean, mean, pyplot, quantile, save
 from .runner import load_records
 
 METHOD_ORDER = {m: i for i, m in enumerate(M.METHODS)}
-
-
-def _q(values: list[float], q: float) -> float | None:
-    vals = sorted(v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
-    if not vals:
-        return None
-    if len(vals) == 1:
-        return vals[0]
-    pos = (len(vals) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
-def _mean(values: Iterable[Any]) -> float | None:
-    vals = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _geomean(values: Iterable[float]) -> float | None:
-    vals = [v for v in values if isinstance(v, (int, float)) and v > 0]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
 def latest(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,24 +53,24 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
         compared = [r for r in rs if r.get("identical_to_plain") is not None and method != M.PLAIN]
         out.setdefault(suite, {})[method] = {
             "n": len(rs),
-            "latency_median": _q(lat, 0.5),
-            "latency_p90": _q(lat, 0.9),
-            "ttfa_median": _q([r.get("ttfa_s") for r in rs], 0.5),
-            "answer_passes_mean": _mean(r.get("answer_forward_passes") for r in rs),
-            "forward_passes_mean": _mean(r.get("forward_passes") for r in rs),
-            "accepted_prefix_mean": _mean(r.get("accepted_prefix") for r in rs),
-            "accepted_suffix_mean": _mean(r.get("accepted_suffix") for r in rs),
-            "draft_tokens_mean": _mean(r.get("draft_tokens") for r in rs),
-            "think_tokens_mean": _mean(r.get("think_tokens") for r in rs),
-            "think_passes_mean": _mean(r.get("think_forward_passes") for r in rs),
-            "think_accepted_mean": _mean(r.get("think_accepted") for r in rs),
-            "answer_tokens_mean": _mean(r.get("answer_tokens") for r in rs),
-            "latency_ratio": _geomean(ratios),
-            "latency_ratio_median": _q(ratios, 0.5),
-            "answer_passes_ratio": _geomean(pass_ratios),
-            "ttfa_ratio": _geomean(ttfa_ratios),
-            "score": _mean(r.get("score") for r in rs),
-            "whole_from_draft": _mean(_whole_from_draft(r) for r in rs) if method != M.PLAIN else None,
+            "latency_median": quantile(lat, 0.5),
+            "latency_p90": quantile(lat, 0.9),
+            "ttfa_median": quantile([r.get("ttfa_s") for r in rs], 0.5),
+            "answer_passes_mean": mean(r.get("answer_forward_passes") for r in rs),
+            "forward_passes_mean": mean(r.get("forward_passes") for r in rs),
+            "accepted_prefix_mean": mean(r.get("accepted_prefix") for r in rs),
+            "accepted_suffix_mean": mean(r.get("accepted_suffix") for r in rs),
+            "draft_tokens_mean": mean(r.get("draft_tokens") for r in rs),
+            "think_tokens_mean": mean(r.get("think_tokens") for r in rs),
+            "think_passes_mean": mean(r.get("think_forward_passes") for r in rs),
+            "think_accepted_mean": mean(r.get("think_accepted") for r in rs),
+            "answer_tokens_mean": mean(r.get("answer_tokens") for r in rs),
+            "latency_ratio": geomean(ratios),
+            "latency_ratio_median": quantile(ratios, 0.5),
+            "answer_passes_ratio": geomean(pass_ratios),
+            "ttfa_ratio": geomean(ttfa_ratios),
+            "score": mean(r.get("score") for r in rs),
+            "whole_from_draft": mean(_whole_from_draft(r) for r in rs) if method != M.PLAIN else None,
             "identical": sum(1 for r in compared if r.get("identical_to_plain")),
             "compared": len(compared),
         }
@@ -118,25 +98,15 @@ def forced_divergences(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------------- plots
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _methods_in(summary: dict[str, dict[str, Any]]) -> list[str]:
     names = {m for per in summary.values() for m in per}
     return sorted(names, key=lambda m: METHOD_ORDER.get(m, 99))
 
 
 def plot_latency_ratio(summary: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
-    plt = _plt()
     suites = sorted(summary)
     methods = [m for m in _methods_in(summary) if m != M.PLAIN]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(suites) * max(1, len(methods)) / 2), 3.6))
+    fig, ax = pyplot().subplots(figsize=(max(5, 1.6 * len(suites) * max(1, len(methods)) / 2), 3.6))
     width = 0.8 / max(1, len(methods))
     for j, m in enumerate(methods):
         xs = [i + j * width for i in range(len(suites))]
@@ -148,17 +118,13 @@ def plot_latency_ratio(summary: dict[str, dict[str, dict[str, Any]]], path: Path
     ax.set_ylabel("latency / plain (geo. mean)")
     ax.set_title("Latency relative to plain decoding\n(lower is better)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_accepted_vs_budget(records: list[dict[str, Any]], path: Path) -> Path:
-    plt = _plt()
     recs = [r for r in latest(records) if r.get("draft_tokens") is not None
             and r["method"] not in (M.PLAIN,) + M.REPLAY]
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for m in sorted({r["method"] for r in recs}, key=lambda m: METHOD_ORDER.get(m, 99)):
         rs = [r for r in recs if r["method"] == m]
         ax.scatter([r.get("draft_tokens") or 0 for r in rs],
@@ -169,17 +135,13 @@ def plot_accepted_vs_budget(records: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("Accepted tokens vs draft budget, per item")
     if recs:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_item_scatter(records: list[dict[str, Any]], path: Path, method: str = "ssr") -> Path:
-    plt = _plt()
     recs = latest(records)
     plain = {(r["suite"], r["item"]): r for r in recs if r["method"] == M.PLAIN}
-    fig, ax = plt.subplots(figsize=(4.8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(4.8, 4.5))
     top = 0.0
     for suite in sorted({r["suite"] for r in recs}):
         pts = [(plain[(suite, r["item"])]["latency_s"], r["latency_s"]) for r in recs
@@ -196,21 +158,10 @@ def plot_item_scatter(records: list[dict[str, Any]], path: Path, method: str = "
     ax.set_title(f"Per item: {method} vs plain (below the line: faster)")
     if top > 1.05 or recs:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------- markdown
-
-
-def _f(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
 
 
 def write_report(results: str | Path, out_dir: str | Path | None = None, title: str = "SSR benchmark") -> Path:
@@ -249,7 +200,7 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
         lines += ["| suite | item | method | first differing token | plain forced tokens |", "|---|---|---|---|---|"]
         for r in bad:
             lines.append(f"| {r['suite']} | {r['item']} | {r['method']} | {r.get('first_difference')} | "
-                         f"{_f(r.get('plain_forced_tokens'))} |")
+                         f"{fmt(r.get('plain_forced_tokens'))} |")
         lines.append("")
     else:
         lines += ["No MISMATCH: every compared output is token-identical to plain decoding"
@@ -271,12 +222,12 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
         for m in sorted(summary[suite], key=lambda m: METHOD_ORDER.get(m, 99)):
             s = summary[suite][m]
             ident = f"{s['identical']}/{s['compared']}" if s["compared"] else "-"
-            row = (s["n"], _f(s["latency_median"]), _f(s["latency_p90"]), _f(s["latency_ratio"], 3),
-                   _f(s["ttfa_median"]), _f(s["ttfa_ratio"], 3), _f(s["think_passes_mean"], 1),
-                   _f(s["think_accepted_mean"], 1), _f(s["answer_passes_mean"], 1),
-                   _f(s["answer_passes_ratio"], 3), _f(s["accepted_prefix_mean"], 1),
-                   _f(s["accepted_suffix_mean"], 1), _f(s["whole_from_draft"], 2), _f(s["draft_tokens_mean"], 1), _f(s["think_tokens_mean"], 1),
-                   _f(s["answer_tokens_mean"], 1), _f(s["score"], 3), ident)
+            row = (s["n"], fmt(s["latency_median"]), fmt(s["latency_p90"]), fmt(s["latency_ratio"], 3),
+                   fmt(s["ttfa_median"]), fmt(s["ttfa_ratio"], 3), fmt(s["think_passes_mean"], 1),
+                   fmt(s["think_accepted_mean"], 1), fmt(s["answer_passes_mean"], 1),
+                   fmt(s["answer_passes_ratio"], 3), fmt(s["accepted_prefix_mean"], 1),
+                   fmt(s["accepted_suffix_mean"], 1), fmt(s["whole_from_draft"], 2), fmt(s["draft_tokens_mean"], 1), fmt(s["think_tokens_mean"], 1),
+                   fmt(s["answer_tokens_mean"], 1), fmt(s["score"], 3), ident)
             lines.append(f"| {m} | " + " | ".join(map(str, row)) + " |")
         lines.append("")
     lines += ["Ratios are geometric means over items of (method / plain on the same item). TTFA: wall time to the "
@@ -288,6 +239,7 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
               "tokens decoded in draft lanes (they ride in the thinking passes). Score: pass rate (HumanEval, "
               "ClassEval: all tests pass), LongProc task metric, BFCL call correct.", ""]
 
+    lines += agent_section(latest(records), out)
     if records:
         p1 = plot_latency_ratio(summary, out / "latency_ratio.png")
         p2 = plot_accepted_vs_budget(records, out / "accepted_vs_draft.png")
@@ -314,9 +266,9 @@ def console_summary(results: str | Path) -> str:
         for m in sorted(summary[suite], key=lambda m: METHOD_ORDER.get(m, 99)):
             s = summary[suite][m]
             ident = f"{s['identical']}/{s['compared']}" if s["compared"] else "-"
-            rows.append(f"{suite:10} {m:14} n={s['n']:<3} lat={_f(s['latency_median']):>7}s "
-                        f"ratio={_f(s['latency_ratio'], 3):>6} passes={_f(s['answer_passes_mean'], 1):>6} "
-                        f"score={_f(s['score'], 2):>5} identical={ident}")
+            rows.append(f"{suite:10} {m:14} n={s['n']:<3} lat={fmt(s['latency_median']):>7}s "
+                        f"ratio={fmt(s['latency_ratio'], 3):>6} passes={fmt(s['answer_passes_mean'], 1):>6} "
+                        f"score={fmt(s['score'], 2):>5} identical={ident}")
     return "\n".join(rows)
 
 

@@ -42,12 +42,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                          max_draft_tokens=512),
         "bfcl": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
         "bfcl-auto": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
+        # per step of the loop: the decision turns answer at once (auto mode), a step after a tool result thinks
+        "agent": dict(max_think_tokens=96, min_think_tokens=0, draft_start=8, max_tokens=400),
     },
     # CI: a couple of items, tiny budgets; minutes on 2 CPU cores
     "smoke": {
         suite: dict(max_think_tokens=20, min_think_tokens=8, draft_start=4, max_tokens=48, max_draft_tokens=32,
                     max_suffix_tokens=8)
-        for suite in ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto")
+        for suite in ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto", "agent")
     },
 }
 PRESET_N = {"default": None, "smoke": 1}
@@ -180,6 +182,8 @@ class BenchRun:
     backend_kwargs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     warmup: bool = True
+    agent_front: str = "engine"  # the agent suite's loop: engine, langchain or llamaindex (agent.FRONTS)
+    agent_steps: int | None = None  # the agent suite's step limit (default agent.MAX_STEPS)
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
     @property
@@ -217,7 +221,8 @@ def run_bench(run: BenchRun, engine=None) -> Path:
     _write_meta(run, engine, methods)
 
     def key_of(suite: str, method: str, base: SSRConfig) -> str:
-        return config_key(model_name, run.backend, suite, method, M.method_config(method, base), base)
+        measured = f"agent:{run.agent_front}:{run.agent_steps}" if suite == "agent" else suite  # the loop counts
+        return config_key(model_name, run.backend, measured, method, M.method_config(method, base), base)
 
     pending = [(s, it, b) for s, it, b in work
                if any((key_of(s, m, b), it["id"], m) not in done for m in methods)]
@@ -275,6 +280,9 @@ def _run_pending(run: BenchRun, engine, methods, pending, done, key_of, model_na
             if (key, item["id"], method) in done:
                 continue
             plain = done.get((plain_key, item["id"], M.PLAIN))
+            if suite == "agent" and method in M.REPLAY:  # a peer's own decoding loop cannot run a tool loop
+                run.log(f"{item['id']}: {method} skipped (the agent suite runs on the engine's loop)")
+                continue
             if method in M.REPLAY and plain is None:
                 run.log(f"{item['id']}: {method} skipped (no plain result to take its length from)")
                 continue
@@ -320,6 +328,10 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
             outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
         elif method in M.VLLM_PEERS or method == M.LLAMA_CPP:
             outcome = M.run_vllm_peer(peers.get(method), engine, item, max_tokens=len(plain["token_ids"]))
+        elif suite == "agent":
+            outcome = M.run_agent(engine, item, cfg, run.agent_front, run.agent_steps)
+            record["front"] = run.agent_front
+            record["steps"] = outcome.stats.pop("steps")
         elif method == M.BARE:
             outcome = M.run_engine(engine, item, cfg, thinking=False)
         elif item.get("tools") and importlib.util.find_spec("langchain_ssr") is not None:
@@ -360,7 +372,10 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None
     elif method == M.PLAIN:
         record["identical_to_plain"] = True
-    if plain is not None and record.get("identical_to_plain") and method != M.PLAIN and "score" in plain:
+    if suite == "agent":  # the project's tests, run by the loop at its end
+        record["score"] = float(outcome.stats.get("solved", 0))
+        record["score_detail"] = {"steps": len(record["steps"])}
+    elif plain is not None and record.get("identical_to_plain") and method != M.PLAIN and "score" in plain:
         record["score"] = plain["score"]  # same tokens, same answer: same score
         record["score_detail"] = plain.get("score_detail")
     else:

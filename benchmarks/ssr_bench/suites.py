@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-SUITES = ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto")
+SUITES = ("humaneval", "classeval", "longproc", "bfcl", "bfcl-auto", "agent")
 
 # LongProc tasks whose metric is implemented here (see scoring.py). html_to_tsv is left out: its prompts hold whole
 # web pages (4k to 780k characters, far past what a CPU run can prefill) and its metric needs the original table
@@ -397,6 +397,10 @@ def load_suite(name: str, n: int | None = None, data_dir: str | os.PathLike | No
     """Items of one suite by name."""
     if name == "humaneval":
         return load_humaneval(n)
+    if name == "agent":  # multi-step tool loops (agent.py), written for this project
+        from .agent import suite_items
+
+        return suite_items(n)
     if name == "classeval":
         return load_classeval(n, data_dir=data_dir)
     if name == "longproc":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, Generic, TypeVar, get_type_hints
 
 import torch
 
@@ -27,31 +27,34 @@ class Lane:
     tokens: list[int] = field(default_factory=list)
 
 
-class LaneTable:
+LaneT = TypeVar("LaneT", bound=Lane)  # a backend's lane state: ``Lane`` or its own subclass
+
+
+class LaneTable(Generic[LaneT]):
     """A backend's live lanes by id, and the one parked lane (kept from a finished request for the next one's
     prefix). It holds no cache: the backend frees a lane's cache when the lane leaves the table."""
 
     def __init__(self) -> None:
-        self._lanes: dict[int, Lane] = {}
+        self._lanes: dict[int, LaneT] = {}
         self._ids = itertools.count()  # never reused: a stale id fails loudly
         self.parked: int | None = None
 
-    def add(self, state: Lane) -> int:
+    def add(self, state: LaneT) -> int:
         lane = next(self._ids)
         self._lanes[lane] = state
         return lane
 
-    def pop(self, lane: int) -> Lane:
+    def pop(self, lane: int) -> LaneT:
         state = self._lanes.pop(lane)
         if lane == self.parked:
             self.parked = None
         return state
 
-    def clear(self) -> list[Lane]:
+    def clear(self) -> list[LaneT]:
         states, self._lanes, self.parked = list(self._lanes.values()), {}, None
         return states
 
-    def __getitem__(self, lane: int) -> Lane:
+    def __getitem__(self, lane: int) -> LaneT:
         return self._lanes[lane]
 
     def __len__(self) -> int:
@@ -81,12 +84,13 @@ class LaneTable:
         return lane, common
 
 
-class Backend(ABC):
+class Backend(ABC, Generic[LaneT]):
     """Everything the engine, its scheduler and the calibration use of a backend.
 
     Lane methods are implemented here over ``self.lanes``; a subclass implements ``step`` and the hooks that act
-    on its cache. ``min_shared``: a new request whose prompt shares at least this many leading tokens with a live
-    lane starts as a fork of it (None: never)."""
+    on its cache, over its own lane state (``Backend[MyLane]``, ``MyLane`` a ``Lane`` subclass). ``min_shared``: a
+    new request whose prompt shares at least this many leading tokens with a live lane starts as a fork of it
+    (None: never)."""
 
     model_name: str
     vocab_size: int
@@ -97,9 +101,8 @@ class Backend(ABC):
     dtype: Any = None  # with ``device`` and ``cost_version``: part of the cost table's cache key
     device: Any = None
     cost_version: str | None = None  # a backend whose step code changed costs gets a new key (re-measured)
-    memory_bytes: int | None = None  # bytes its cache holds now, where it knows (load reports)
     min_shared: int | None = None
-    lanes: LaneTable
+    lanes: LaneTable[LaneT]
 
     def __init__(self) -> None:
         self.lanes = LaneTable()
@@ -171,6 +174,11 @@ class Backend(ABC):
         self._free_all(self.lanes.clear())
 
     @property
+    def memory_bytes(self) -> int | None:
+        """Bytes its cache holds now, where the backend knows (load reports); None: it does not say."""
+        return None
+
+    @property
     def live_lanes(self) -> int:
         """Lanes live now, the parked one included."""
         return len(self.lanes)
@@ -180,18 +188,18 @@ class Backend(ABC):
         self.release_all()
 
     # -- the hooks on the backend's cache ----------------------------------------------------------------------
-    def _open(self, parent: Lane | None) -> Lane:
+    def _open(self, parent: LaneT | None) -> LaneT:
         """The state of a new lane: an empty cache, or (``parent``) a copy of the parent's; ``tokens`` are set by
         the caller. This default suits a backend that holds no cache of its own."""
-        return Lane()
+        return Lane()  # type: ignore[return-value]  # right for Backend[Lane]; a subclassed lane overrides this
 
-    def _cut(self, state: Lane, length: int) -> None:
+    def _cut(self, state: LaneT, length: int) -> None:
         """Drop the cache of the lane's tokens from ``length`` on (called before its ``tokens`` are cut)."""
 
-    def _free(self, state: Lane) -> None:
+    def _free(self, state: LaneT) -> None:
         """Free the cache of a lane that has left the table."""
 
-    def _free_all(self, states: list[Lane]) -> None:
+    def _free_all(self, states: list[LaneT]) -> None:
         """Free the caches of every lane (they have left the table)."""
         for state in states:
             self._free(state)

@@ -1,9 +1,10 @@
 """CPU linear-layer kernels, and the measurement that picks one per row count on the machine it runs on.
 
-Which product is fastest for a few rows differs between CPUs and BLAS builds by 2x (DESIGN.md: a 2-row step cost
-2.25x a 1-row step with the weight-stationary product on an Intel Xeon and 1.04x with ``F.linear``; on an AMD EPYC
-the other way round), so nothing is built in: ``time_kernels`` times each kernel on the model's own weights and
-``choose_kernels`` turns the timings into a ``(max_rows, kernel)`` table that ``KernelChoice`` dispatches on.
+Which product is fastest for a few rows differs between CPUs and BLAS builds by 2x (docs/design.md, the cost model: a
+2-row step cost 2.25x a 1-row step with the weight-stationary product on an Intel Xeon and 1.04x with ``F.linear``; on
+an AMD EPYC the other way round), so nothing is built in: ``time_kernels`` times each kernel on the model's own
+weights and ``choose_kernels`` turns the timings into a ``(max_rows, kernel)`` table that ``KernelChoice`` dispatches
+on.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ class KernelChoice:
         self.calls: collections.Counter[str] = collections.Counter()
 
     def set(self, table: list[tuple[int | None, str]]) -> None:
-        limits = [m for m, _ in table[:-1]]
-        if not table or table[-1][0] is not None or any(m is None or m < 1 for m in limits) \
+        limits = [0 if m is None else m for m, _ in table[:-1]]  # None before the end is as wrong as 0
+        if not table or table[-1][0] is not None or any(m < 1 for m in limits) \
                 or limits != sorted(set(limits)) or any(k not in KERNELS for _, k in table):
             raise ValueError(f"kernel table {table!r}: want ascending (max_rows, kernel) ranges ending in "
                              f"(None, kernel), kernels from {sorted(KERNELS)}")
         by_rows, n = [("linear", _linear)], 1  # row 0 never occurs
-        for limit, name in table[:-1]:
+        for limit, (_, name) in zip(limits, table[:-1]):
             by_rows += [(name, KERNELS[name])] * (limit - n + 1)
             n = limit + 1
         self.by_rows, self.beyond = by_rows, (table[-1][1], KERNELS[table[-1][1]])
@@ -104,7 +105,7 @@ def choose_kernels(timings: dict[str, dict[int, float]], margin: float = 0.05) -
     for n in sorted({n for per_rows in timings.values() for n in per_rows}):
         times = {name: t[n] for name, t in timings.items() if n in t}
         fast = [name for name, t in times.items() if t <= min(times.values()) * (1 + margin)]
-        best[int(n)] = previous = next((k for k in ("linear", previous) if k in fast), min(fast, key=times.get))
+        best[int(n)] = previous = next((k for k in ("linear", previous) if k in fast), min(fast, key=times.__getitem__))
     return _ranges(best)
 
 

@@ -45,7 +45,7 @@ class _BufferedLayer(DynamicLayer):
             return  # nothing stored yet: allocated at the first update
         shape = (rows_cap, ref.shape[1], cols_cap, ref.shape[3])
         k, v = ref.new_empty(shape), ref.new_empty(shape)
-        if self._k is not None and self.length:
+        if self._k is not None and self._v is not None and self.length:
             rows = self.cache.rows
             k[:rows, :, : self.length] = self._k[:rows, :, : self.length]
             v[:rows, :, : self.length] = self._v[:rows, :, : self.length]
@@ -54,7 +54,7 @@ class _BufferedLayer(DynamicLayer):
         self.view()
 
     def view(self) -> None:
-        if self._k is not None:
+        if self._k is not None and self._v is not None:
             lo, hi = self.cache.window or (0, self.cache.rows)
             self.keys = self._k[lo:hi, :, : self.length]
             self.values = self._v[lo:hi, :, : self.length]
@@ -71,16 +71,23 @@ class _BufferedLayer(DynamicLayer):
         end = self.length + width
         self.cache.reserve(self.cache.rows, end)  # a no-op when the backend reserved before the pass
         self.fit(key_states)
-        self._k[lo:hi, :, self.length: end] = key_states
-        self._v[lo:hi, :, self.length: end] = value_states
+        k, v = self._buffers()
+        k[lo:hi, :, self.length: end] = key_states
+        v[lo:hi, :, self.length: end] = value_states
         for a, b in ((0, lo), (hi, self.cache.rows)):  # rows not computed: zeros their masks hide (never NaN)
             if a < b:
-                self._k[a:b, :, self.length: end] = 0
-                self._v[a:b, :, self.length: end] = 0
+                k[a:b, :, self.length: end] = 0
+                v[a:b, :, self.length: end] = 0
         self.cache.bytes_written += key_states.nbytes + value_states.nbytes
         self.length = end
         self.view()
         return self.keys, self.values
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers, once allocated (``fit`` allocates them given a tensor to copy the shape of)."""
+        if self._k is None or self._v is None:
+            raise RuntimeError("the layer's key and value buffers are not allocated")
+        return self._k, self._v
 
     def get_seq_length(self) -> int:
         return self.length
@@ -93,7 +100,7 @@ class _BufferedLayer(DynamicLayer):
             self.view()
 
     def copy_row(self, src: int, dst: int) -> None:
-        if self._k is not None and self.length:
+        if self._k is not None and self._v is not None and self.length:
             self.fit()
             self._k[dst, :, : self.length] = self._k[src, :, : self.length]
             self._v[dst, :, : self.length] = self._v[src, :, : self.length]
@@ -102,14 +109,14 @@ class _BufferedLayer(DynamicLayer):
     def clear_row(self, row: int) -> None:
         """Zeros in ``row``'s used columns: a new lane's mask hides them, and hidden entries must not be NaN (an
         attention weight of 0 times NaN is NaN)."""
-        if self._k is not None and self.length:
+        if self._k is not None and self._v is not None and self.length:
             self.fit()
             self._k[row, :, : self.length] = 0
             self._v[row, :, : self.length] = 0
 
     def keep_columns(self, index: torch.Tensor) -> None:
         """Keep columns ``index`` (ascending) as columns 0..len-1 of every row."""
-        if self._k is not None and self.length:
+        if self._k is not None and self._v is not None and self.length:
             rows, n = self.cache.rows, len(index)
             self._k[:rows, :, :n] = self._k[:rows, :, index]
             self._v[:rows, :, :n] = self._v[:rows, :, index]
@@ -118,7 +125,7 @@ class _BufferedLayer(DynamicLayer):
         self.view()
 
     def select_rows(self, indices: torch.Tensor) -> None:
-        if self._k is not None and self.length:
+        if self._k is not None and self._v is not None and self.length:
             n = len(indices)
             self._k[:n, :, : self.length] = self._k[indices, :, : self.length]
             self._v[:n, :, : self.length] = self._v[indices, :, : self.length]
@@ -127,7 +134,8 @@ class _BufferedLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise NotImplementedError("rows are shared by every layer: use BufferedCache.batch_select_indices")
 
-    reorder_cache = batch_select_indices
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("BufferedCache rows are added with add_row (a fork)")
@@ -146,6 +154,8 @@ class BufferedCache(Cache):
     full. Rows are changed only between passes (``copy_row``, ``select_rows``), columns by passes and ``crop``.
     Every layer stores every column (a sliding-window model's window is applied by its attention mask).
     """
+
+    layers: list[_BufferedLayer]  # type: ignore[assignment]  # every layer is one of ours (``__init__``)
 
     def __init__(self, num_layers: int, max_columns: int = 1 << 30) -> None:
         super().__init__(layers=[_BufferedLayer(self) for _ in range(num_layers)])
@@ -217,7 +227,8 @@ class BufferedCache(Cache):
         for layer in self.layers:
             layer.view()
 
-    reorder_cache = batch_select_indices
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
 
     def crop(self, tokens_to_remove: int) -> None:
         for layer in self.layers:

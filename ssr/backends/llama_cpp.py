@@ -106,7 +106,7 @@ class _Lane(Lane):
     seq: int  # llama.cpp sequence id
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(Backend[_Lane]):
     """``Backend`` over one llama.cpp context: lanes are sequences of a unified KV cache.
 
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
@@ -161,7 +161,7 @@ class LlamaCppBackend(Backend):
         self.context_window = int(min(ll.llama_n_ctx(self._ctx), ll.llama_model_n_ctx_train(self._model)))
         self.file_type = self._meta("general.file_type")
         arch = self._meta("general.architecture") or "llama"
-        self.dtype = f"gguf:{_FILE_TYPES.get(self.file_type, self.file_type)}"  # calibration cache keys
+        self.dtype = f"gguf:{_FILE_TYPES.get(self.file_type or '', self.file_type)}"  # calibration cache keys
         try:
             self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
         except BaseException:
@@ -233,7 +233,7 @@ class LlamaCppBackend(Backend):
         self._ll.llama_memory_seq_rm(self._mem, state.seq, -1, -1)
         self._free_seqs.append(state.seq)
 
-    def _free_all(self, states: list[Lane]) -> None:
+    def _free_all(self, states: list[_Lane]) -> None:
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
         if self._ctx:  # not after close()
             self._ll.llama_memory_clear(self._mem, True)

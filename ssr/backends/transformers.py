@@ -9,8 +9,8 @@ The cache (``BufferedCache``) and the ``[rows, columns]`` attention mask live in
 double when full, so a step writes only its new columns: its copying does not grow with the sequence length.
 
 On CPU every ``nn.Linear`` dispatches per call, by its number of input rows, to the kernel measured fastest for that
-row count on this machine (``select_kernels``): which product is fastest for 2-32 rows differs between CPUs (see
-DESIGN.md), so no choice is built in; until measured, ``F.linear`` runs everywhere.
+row count on this machine (``select_kernels``): which product is fastest for 2-32 rows differs between CPUs
+(docs/design.md: the cost model), so no choice is built in; until measured, ``F.linear`` runs everywhere.
 
 Several requests share the cache, one row per lane; a new request's lane starts as a fork of the live lane that
 shares the longest prefix with its prompt (a common system prompt is prefilled once). A step computes only the
@@ -46,7 +46,7 @@ class _Lane(Lane):
     columns: list[int] = field(default_factory=list)  # cache column of each of the lane's tokens, in order
 
 
-class TransformersBackend(Backend):
+class TransformersBackend(Backend[_Lane]):
     cost_version = "lane-attention"  # part of the cost table's cache key: tables measured before it are stale
     min_shared = 16  # a new request forks a live lane sharing this much of its prompt (its system prompt)
 
@@ -73,7 +73,8 @@ class TransformersBackend(Backend):
             self.model.set_attn_implementation(lane_attention.NAME)  # each row attends over its own columns
             for layer in self.model.modules():
                 if isinstance(layer, torch.nn.Linear):
-                    layer.forward = partial(self._choice, layer)
+                    # per instance, on purpose: each layer's calls go through the kernel table
+                    layer.forward = partial(self._choice, layer)  # type: ignore[method-assign]
 
     @classmethod
     def load(cls, path: str, model_name: str, dtype: str | torch.dtype | None = None, device: str | None = None,
@@ -82,7 +83,8 @@ class TransformersBackend(Backend):
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **model_kwargs)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers' wrapper of .to() hides that it is bound
         tokenizer = AutoTokenizer.from_pretrained(path)
         configs = (model.generation_config, model.config)
         eos = stop_token_ids(tokenizer, *(getattr(config, "eos_token_id", None) for config in configs))
@@ -168,7 +170,7 @@ class TransformersBackend(Backend):
         self._crop_unused()
         self._compact()
 
-    def _free_all(self, states: list[Lane]) -> None:
+    def _free_all(self, states: list[_Lane]) -> None:
         self._reset()
 
     def _keep_parked(self) -> bool:

@@ -131,10 +131,11 @@ class _SharedEngine:
         self._TokensPrompt = TokensPrompt
         engine = self.llm.llm_engine
         self.client = engine.engine_core  # InprocClient
-        self.core = getattr(self.client, "engine_core", None)
-        if self.core is None:
+        core = getattr(self.client, "engine_core", None)
+        if core is None:
             raise SSRBackendError("vLLM did not start its engine core in-process; backend 'vllm' needs "
                                   "VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is first imported")
+        self.core = core  # vLLM's EngineCore, in this process
         self.input_processor = engine.input_processor
         self.tasks = engine.get_supported_tasks()
         self.model_config = engine.model_config
@@ -302,7 +303,7 @@ def _dense(ids, values, vocab: int) -> torch.Tensor:
     return out
 
 
-class VLLMBackend(Backend):
+class VLLMBackend(Backend[_Lane]):
     """``Backend`` over an in-process vLLM engine. Engine arguments pass through to ``vllm.LLM`` (tensor_parallel_size,
     dtype, max_model_len, gpu_memory_utilization, enable_prefix_caching, enforce_eager, ...).
 
@@ -376,7 +377,7 @@ class VLLMBackend(Backend):
         if state.session is not None:
             self._engine.abort([state.session])
 
-    def _free_all(self, states: list[Lane]) -> None:
+    def _free_all(self, states: list[_Lane]) -> None:
         self._engine.abort([s.session for s in states if s.session is not None])
 
     def close(self) -> None:

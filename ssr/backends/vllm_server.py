@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .base import Backend, LaneTable, rows_wanted, stop_token_ids
+from .base import Backend, Lane, LaneTable, rows_wanted, stop_token_ids
 from .errors import (  # noqa: F401 - also imported from here by the adapters and their tests
     SSRBackendConnectionError,
     SSRBackendError,
@@ -159,7 +159,7 @@ def _token_id(key: str) -> int:
     return int(key.rsplit(":", 1)[1]) if ":" in key else int(key)
 
 
-class VLLMServerBackend(Backend):
+class VLLMServerBackend(Backend[Lane]):
     """``Backend`` over a running vLLM OpenAI-compatible server.
 
     ``model_path``: a local copy of the model (for the tokenizer and config); ``base_url``: the server

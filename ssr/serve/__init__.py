@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .app import create_app
 
 __all__ = ["create_app", "run"]
@@ -27,7 +29,8 @@ def run(model: str | None = None, backend: str = "auto", host: str = "127.0.0.1"
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("ssr.serve")
-    limits = {k: v for k, v in {"max_queue": max_queue, "max_running": max_running}.items() if v is not None}
+    limits: dict[str, Any] = {k: v for k, v in {"max_queue": max_queue, "max_running": max_running}.items()
+                              if v is not None}
     backend = choose_backend(backend, canonical_name(model))
     engine = SSREngine.from_pretrained(model, backend=backend, config=config, **limits, **backend_kwargs)
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, timeout=timeout)

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -141,7 +141,7 @@ class Server:
         return self.engine.load_stats()
 
     # -- running -----------------------------------------------------------------------------------------------
-    async def events(self, request: Request, prompt, call: dict[str, Any]) -> AsyncIterator[Any]:
+    async def events(self, request: Request, prompt, call: dict[str, Any]) -> AsyncGenerator[Any, None]:
         """The engine's events for one request, until it ends, the client disconnects (``ClientGone``) or the
         timeout passes (``RequestTimeout``); in every case but the end the request is cancelled on the way out."""
         if self.timeout is not None:

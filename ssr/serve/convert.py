@@ -68,7 +68,7 @@ def tool_choice(req: ChatCompletionRequest) -> str | None:
 
 def _max_tokens(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     values = {"max_tokens": req.max_tokens}
-    aliases = ("max_tokens",)
+    aliases: tuple[str, ...] = ("max_tokens",)
     if isinstance(req, ChatCompletionRequest):
         values["max_completion_tokens"] = req.max_completion_tokens
         aliases = ("max_tokens", "max_completion_tokens")

@@ -67,7 +67,8 @@ class Metrics:
             metric("ssr_forward_passes_total", "counter", "Forward passes run.", [("", self.tokens["forward_passes"])])
             metric("ssr_plain_forward_passes_total", "counter", "Forward passes plain decoding would have run.",
                    [("", self.tokens["plain_forward_passes"])])
-            samples = [(f'_bucket{{le="{b}"}}', c) for b, c in zip(LATENCY_BUCKETS, self.latency_buckets)]
+            samples: list[tuple[str, float]] = [(f'_bucket{{le="{b}"}}', c)
+                                                for b, c in zip(LATENCY_BUCKETS, self.latency_buckets)]
             samples += [('_bucket{le="+Inf"}', self.latency_count), ("_sum", self.latency_sum),
                         ("_count", self.latency_count)]
             lines.append("# HELP ssr_request_duration_seconds Time from a request's arrival to its last byte.")

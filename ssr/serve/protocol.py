@@ -9,7 +9,7 @@ is a 400 that says so (``unsupported``).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -353,7 +353,7 @@ class CompletionRequest(_Sampling):
             return p
         if not p:
             raise bad_request("prompt is empty", "prompt")
-        return list(p)
+        return list(cast("list[int]", p))  # token ids: a list of strings or of lists was unwrapped above
 
 
 # -- validation errors -------------------------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def _location(loc: tuple) -> str:
     return out
 
 
-def validation_error(errors: list[dict[str, Any]]) -> ApiError:
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> ApiError:
     """Pydantic's errors as one 400: unknown parameters by name, else the first problems with their paths."""
     unknown = [_location(tuple(e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
     top = [u for u in unknown if "." not in u and "[" not in u]

@@ -34,7 +34,7 @@ from ssr.toolstream import ToolCallStream
 
 
 class FakeEngine:
-    """Speaks the engine API (ENGINE_API.md) with a scripted reasoning and answer; records every call."""
+    """Speaks the engine API (docs/api.md) with a scripted reasoning and answer; records every call."""
 
     model_name = "fake-model"
     context_window = 4096

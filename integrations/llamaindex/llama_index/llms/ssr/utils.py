@@ -171,6 +171,7 @@ def raw_of(result: Any, model_name: Optional[str] = None) -> Dict[str, Any]:
         "finish_reason": result.finish_reason,
         "usage": usage_of(result),
         "stats": result.stats,
+        "token_ids": list(result.token_ids),  # what was generated, to compare runs token for token
     }
 
 

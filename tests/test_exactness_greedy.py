@@ -1,4 +1,5 @@
-"""Greedy exactness on tiny random models: SSR's token ids equal plain decoding's on every path."""
+"""Greedy exactness on tiny random models (cross-cutting, the exactness matrix): SSR's token ids equal plain
+decoding's on every path."""
 
 from __future__ import annotations
 

@@ -1,26 +1,17 @@
-"""The backend protocol: every backend class implements all of it. Then the transformers backend's lanes on a tiny
-model: every lane's logits equal a plain forward pass over that lane's tokens, whatever else shares the batch; the
-cache buffers grow O(log n) times and a step's copying does not grow with the sequence length (counted, never
-timed)."""
+"""ssr/backends/transformers.py: the transformers backend's lanes on a tiny model: every lane's logits equal a plain
+forward pass over that lane's tokens, whatever else shares the batch."""
 
 from __future__ import annotations
 
-import inspect
 import random
 
 import pytest
 import torch
 
-from scripted import ScriptedBackend
-from ssr.backends.base import Backend, missing_members
-from ssr.backends.llama_cpp import LlamaCppBackend
 from ssr.backends.transformers import TransformersBackend
-from ssr.backends.vllm import VLLMBackend
-from ssr.backends.vllm_server import VLLMServerBackend
 from tiny import tiny_model
 
 ATOL = 1e-4
-BACKEND_CLASSES = [TransformersBackend, VLLMBackend, VLLMServerBackend, LlamaCppBackend, ScriptedBackend]
 
 
 def backend(seed: int = 0) -> TransformersBackend:
@@ -35,60 +26,6 @@ def reference(b: TransformersBackend, tokens: list[int], k: int = 1) -> torch.Te
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a, b, atol=ATOL, rtol=1e-4)
-
-
-@pytest.mark.parametrize("cls", BACKEND_CLASSES, ids=lambda cls: cls.__name__)
-def test_every_backend_class_implements_the_whole_protocol(cls):
-    """Each backend is a ``Backend`` with nothing abstract left, and its methods take the protocol's arguments (the
-    facts its constructor sets are checked on instances: here, and in each backend's own tests)."""
-    assert issubclass(cls, Backend) and not inspect.isabstract(cls)
-    assert missing_members(cls) == []
-    for name, member in vars(Backend).items():
-        if inspect.isfunction(member) and not name.startswith("__"):
-            assert inspect.signature(getattr(cls, name)).parameters.keys() == \
-                inspect.signature(member).parameters.keys(), name
-
-
-def test_backend_instances_have_every_member(tokenizer):
-    assert missing_members(backend()) == []
-    assert missing_members(ScriptedBackend(tokenizer, "</think>")) == []
-
-
-class _ListBackend(Backend):
-    """The smallest backend: lanes are token lists (no cache of its own), so only ``Backend``'s bookkeeping runs."""
-
-    model_name, vocab_size, context_window, eos_token_ids = "lists", 1, 100, frozenset()
-
-    def step(self, feeds, want=None):
-        self.lanes.check(feeds)
-        for lane, feed in feeds.items():
-            self.lanes[lane].tokens.extend(feed)
-        return {lane: torch.zeros((want or {}).get(lane, len(feed)), 1) for lane, feed in feeds.items()}
-
-
-def test_lane_table_parks_reuses_and_forks_shared_prefixes():
-    b = _ListBackend()
-    first = b.new_lane()
-    b.step({first: [1, 2, 3, 4]})
-    b.park(first)
-    again = b.new_lane([1, 2, 9])  # the parked lane, cut to the shared part
-    assert again == first and b.length(again) == 2 and b.lanes.parked is None
-    other = b.new_lane([7])
-    b.step({other: [7, 7]})
-    b.park(again)  # kept while another request is live (the default) ...
-    b.park(other)  # ... until the next lane is parked
-    assert b.live_lanes == 1 and b.lanes.parked == other
-    assert b.length(b.new_lane([5])) == 0 and b.live_lanes == 1  # nothing shared: the parked lane is released
-    b.min_shared = 2
-    live = b.new_lane()
-    b.step({live: [4, 5, 6]})
-    fork = b.new_lane([4, 5, 8])  # shares min_shared tokens with a live lane: starts as its fork
-    assert fork != live and b.length(fork) == 2 and b.length(live) == 3
-    b.park(fork)
-    b.release_all()
-    assert b.live_lanes == 0 and b.lanes.parked is None
-    with pytest.raises(KeyError, match="no live lane"):
-        b.step({fork: [1]})
 
 
 def test_step_want_and_lengths():
@@ -251,94 +188,3 @@ def test_lane_beside_others_equals_alone():
         if i % 4 == 3:  # a rejected proposal in both
             alone.truncate(a, alone.length(a) - 1)
             crowded.truncate(c, crowded.length(c) - 1)
-
-
-def test_growth_is_logarithmic_and_step_copying_constant():
-    b = backend()
-    lane = b.new_lane()
-    b.step({lane: [3, 4, 5]})
-    growths, per_step = b.cache_growths, []
-    for i in range(2000):
-        before, grew = b.bytes_copied, b.cache_growths
-        b.step({lane: [3 + i % 13]}, {lane: 1})
-        if b.cache_growths == grew:
-            per_step.append(b.bytes_copied - before)
-    assert b.cache_growths - growths <= 11  # 3 -> 2003 columns: capacity doubles 4 -> 2048
-    assert len(set(per_step)) == 1  # a step without growth writes the same bytes at 10 or 2000 tokens
-    assert per_step[0] > 0
-    assert b.bytes_copied < 4 * 2003 * per_step[0]  # growth copies amortise to O(1) per token
-
-
-def test_speculative_pattern_growth_bounded():
-    """Verify-and-reject steps (fork, feed several, truncate) keep growths logarithmic and per-token bytes flat."""
-    b = backend()
-    main = b.new_lane()
-    b.step({main: [3, 4, 5]})
-    draft = b.fork(main)
-    start = b.cache_growths
-    costs = []
-    for i in range(300):
-        before = b.bytes_copied
-        grew = b.cache_growths
-        b.step({main: [6, 7, 8], draft: [9]})
-        b.truncate(main, b.length(main) - 2)
-        if b.cache_growths == grew:
-            costs.append(b.bytes_copied - before)
-    assert b.cache_growths - start <= 10
-    assert max(costs) == min(costs)
-
-
-@torch.no_grad()
-def test_buffered_cache_matches_dynamic_cache():
-    """``BufferedCache`` as transformers' decoders use ``past_key_values``: same logits as ``DynamicCache`` through
-    prefill, decoding, ``crop`` and ``batch_select_indices``, and the sizes the mask code asks for."""
-    from transformers import DynamicCache
-
-    from ssr.backends.transformers import BufferedCache
-
-    model = tiny_model(4)
-    ours, theirs = BufferedCache(model.config.num_hidden_layers), DynamicCache(config=model.config)
-
-    def both(ids):
-        ids = torch.tensor(ids)
-        a = model(input_ids=ids, past_key_values=ours, use_cache=True).logits
-        b = model(input_ids=ids, past_key_values=theirs, use_cache=True).logits
-        assert torch.allclose(a, b, atol=ATOL, rtol=1e-4)
-
-    both([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
-    both([[5], [6]])
-    assert ours.get_seq_length() == theirs.get_seq_length() == 6
-    assert ours.get_mask_sizes(2, 0) == theirs.get_mask_sizes(2, 0) == (8, 0)
-    ours.crop(-2)
-    theirs.crop(-2)
-    assert ours.get_seq_length() == 4
-    both([[7, 8], [9, 10]])
-    ours.batch_select_indices(torch.tensor([1]))
-    theirs.batch_select_indices(torch.tensor([1]))
-    both([[11]])
-    assert ours.layers[0].keys.shape == theirs.layers[0].keys.shape == (1, 1, 7, 32)
-
-
-def test_auto_backend_is_llama_cpp_for_the_embedded_model_when_installed(monkeypatch):
-    """``"auto"`` picks llama.cpp for an embedded model when llama-cpp-python is importable and no CUDA device is;
-    transformers otherwise; ``$SSR_BACKEND`` and an explicit name win."""
-    import importlib.util
-
-    import torch
-
-    from ssr.backends import choose_backend
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.delenv("SSR_BACKEND", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for installed, expected in ((True, "llama.cpp"), (False, "transformers")):
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
-            (object() if installed else None) if name == "llama_cpp" else real_find_spec(name, *a)))
-        assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == expected
-        assert choose_backend(None, "/some/local/model") == "transformers"  # not an embedded GGUF
-        assert choose_backend("vllm", "qwen2.5-coder-0.5b-instruct") == "vllm"
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == "transformers"  # measured on CPU only
-    monkeypatch.setenv("SSR_BACKEND", "llama.cpp")
-    assert choose_backend("auto", "qwen2.5-coder-0.5b-instruct") == "llama.cpp"

@@ -1,0 +1,138 @@
+"""The agent suite: its tasks are solvable and their tests right, its tools stay in the project and answer the same
+way every run, and its loop (on a real engine over the scripted backend) solves a task with SSR giving plain
+decoding's tokens at every step, a tool result written back accepted from the prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripted import scripted_engine
+from shared_fixtures import tokenizer  # noqa: F401  (the default model's tokenizer, for the scripted backend)
+from ssr import SSRConfig
+from ssr_bench import agent
+from ssr_bench.report import write_report
+from ssr_bench.runner import BenchRun, load_records, run_bench
+
+TASK = agent.TASKS_BY_ID["is_even"]
+
+
+@pytest.mark.parametrize("task", agent.TASKS, ids=lambda t: t.id)
+def test_every_task_fails_as_shipped_and_passes_with_its_solution(task):
+    with agent.Workspace(task) as ws:
+        assert not ws.tests_pass()
+        assert ws.run_tests().startswith("FAILED")
+        ws.write_file(task.module, task.solution)
+        assert ws.tests_pass() and ws.run_tests().startswith("PASSED")
+
+
+def test_suite_has_a_dozen_tasks_of_each_kind():
+    assert len(agent.TASKS) >= 12 and len(agent.TASKS_BY_ID) == len(agent.TASKS)
+    assert {t.kind for t in agent.TASKS} == {"fix", "add", "test"}
+    assert [t["function"]["name"] for t in agent.TOOLS] == ["list_files", "read_file", "write_file", "run_tests"]
+
+
+def test_tools_stay_inside_the_project_and_report_bad_calls():
+    with agent.Workspace(TASK) as ws:
+        assert ws.list_files().split() == ["mathutils.py", "test_mathutils.py"]
+        assert ws.call("read_file", {"path": "mathutils.py"}) == TASK.files["mathutils.py"]
+        assert "outside the project" in ws.call("read_file", {"path": "../etc/passwd"})
+        assert "outside the project" in ws.call("write_file", {"path": "/tmp/x.py", "content": ""})
+        assert "no file 'nope.py'" in ws.call("read_file", {"path": "nope.py"})
+        assert ws.call("delete_all", {}).startswith("error: unknown tool 'delete_all'")
+        assert ws.call("read_file", {"file": "mathutils.py"}).startswith("error:")  # a wrong argument name
+
+
+def test_test_output_is_the_same_every_run():
+    """The loop must be deterministic: the test output names no temporary directory and no seconds taken."""
+    outputs = []
+    for _ in range(2):
+        with agent.Workspace(TASK) as ws:
+            outputs.append(ws.run_tests())
+            assert str(ws.root) not in outputs[-1]
+    assert outputs[0] == outputs[1]
+    assert "Ran 2 tests\n" in outputs[0] and 'File "test_mathutils.py"' in outputs[0]
+
+
+def _call(name: str, arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+# (reasoning, answer) per step: read the module, write it back fixed, run the tests
+SCRIPT = [("", _call("read_file", {"path": "mathutils.py"})),
+          ("The bug is the remainder test.", _call("write_file", {"path": "mathutils.py", "content": TASK.solution})),
+          ("Now the tests.", _call("run_tests", {}))]
+
+
+class ScriptedAgentModel:
+    """The real engine over the scripted backend, its script set for each step of the loop: the step's index is
+    the number of assistant turns so far; a step after a tool result thinks, the first one does not (auto mode)."""
+
+    def __init__(self, engine, script) -> None:
+        self.engine, self.script = engine, script
+
+    def generate(self, messages, **kwargs):
+        reasoning, answer = self.script[sum(m["role"] == "assistant" for m in messages)]
+        self.engine.backend.set_script(reasoning, answer, thinking=messages[-1]["role"] == "tool")
+        return self.engine.generate(messages, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.fixture
+def agent_model(tokenizer):
+    return ScriptedAgentModel(scripted_engine(tokenizer, reuse_prefix=True), SCRIPT)
+
+
+CONFIG = dict(max_think_tokens=32, draft_start=2, max_tokens=200, temperature=0.0)
+
+
+def test_loop_solves_the_task_and_ssr_gives_plain_tokens_at_every_step(agent_model):
+    plain = agent.run_engine_loop(agent_model, TASK, SSRConfig(enabled=False, **CONFIG))
+    agent_model.backend.release_all()
+    ssr = agent.run_engine_loop(agent_model, TASK, SSRConfig(**CONFIG))
+    for run in (plain, ssr):
+        assert run.solved
+        assert [[c["name"] for c in s.tool_calls] for s in run.steps] == [["read_file"], ["write_file"], ["run_tests"]]
+        assert run.steps[0].tool_results == [TASK.files["mathutils.py"]]
+        assert run.steps[2].tool_results[0].startswith("PASSED")
+    assert [s.token_ids for s in ssr.steps] == [s.token_ids for s in plain.steps]
+    write = ssr.steps[1].stats
+    assert write["accepted_by_source"].get("prompt", 0) > 0  # the file read one step before, written back
+    assert sum(s.stats["forward_passes"] for s in ssr.steps) < sum(s.stats["forward_passes"] for s in plain.steps)
+    assert ssr.steps[2].stats["reused_prompt_tokens"] > ssr.steps[1].stats["prompt_tokens"] // 2  # the cache
+    totals = agent.aggregate_stats(ssr.steps)
+    assert totals["forward_passes"] == sum(s.stats["forward_passes"] for s in ssr.steps)
+
+
+def test_step_limit_ends_a_loop_that_never_finishes(agent_model):
+    agent_model.script = [("", _call("list_files", {}))] + [("Again.", _call("list_files", {}))] * 3
+    run = agent.run_engine_loop(agent_model, TASK, SSRConfig(enabled=False, **CONFIG), max_steps=3)
+    assert len(run.steps) == 3 and not run.solved
+
+
+def test_invalid_call_is_told_to_the_model_and_the_loop_goes_on(agent_model):
+    agent_model.script = [("", "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \n</tool_call>"),
+                          ("", _call("read_file", {"path": "mathutils.py"})),
+                          ("Done.", "I read it.")]
+    run = agent.run_engine_loop(agent_model, TASK, SSRConfig(enabled=False, **CONFIG))
+    assert run.steps[0].invalid and not run.steps[0].tool_calls
+    assert [c["name"] for c in run.steps[1].tool_calls] == ["read_file"]
+    assert run.steps[-1].answer == "I read it." and len(run.steps) == 3 and not run.solved
+
+
+def test_runner_records_every_step_and_the_report_has_the_agent_section(agent_model, tmp_path):
+    run = BenchRun(suites=["agent"], methods=["plain", "ssr", "prompt-lookup"], out=tmp_path, n=1, progress=False,
+                   warmup=False, overrides=dict(max_think_tokens=32, draft_start=2, max_tokens=200), log=lambda s: None)
+    run_bench(run, engine=agent_model)
+    records = {r["method"]: r for r in load_records(tmp_path / "results.jsonl")}
+    assert set(records) == {"plain", "ssr"}  # a replay peer cannot run a tool loop: skipped
+    assert records["plain"]["score"] == records["ssr"]["score"] == 1.0
+    assert records["ssr"]["identical_to_plain"] is True and records["ssr"]["front"] == "engine"
+    assert [s["tools"] for s in records["ssr"]["steps"]] == [["read_file"], ["write_file"], ["run_tests"]]
+    assert records["ssr"]["n_tokens"] == sum(s["n_tokens"] for s in records["ssr"]["steps"])
+    report = write_report(tmp_path / "results.jsonl").read_text()
+    assert "## agent suite (front: engine)" in report and "| ssr | 1/1 | 3 |" in report
+    assert (tmp_path / "agent_step_latency.png").stat().st_size and (tmp_path / "agent_accepted_by_source.png").exists()

@@ -1,0 +1,113 @@
+"""ssr/calibrate.py: the cost table measured through the protocol, and the calibration cache (measured once, then
+loaded). Counts only: nothing here depends on timings."""
+
+from __future__ import annotations
+
+import ssr.calibrate as calibrate
+from ssr.backends.transformers import TransformersBackend
+from test_backends_kernels import CHOSEN, TIMINGS
+from test_costs import TABLE
+from tiny import tiny_model
+
+
+def backend(seed: int = 0) -> TransformersBackend:
+    return TransformersBackend(tiny_model(seed), "tiny", {0}, 0)
+
+
+GRID = dict(rows=(1, 2), widths=(1, 2, 3), context=8, reps=1, progress=False)
+
+
+def test_measure_costs_through_the_protocol():
+    b = backend()
+    table = calibrate.measure_costs(b, **GRID)
+    assert table.rows == (1, 2) and table.widths == (1, 2, 3)
+    assert table.cost[0][0] == 1.0 and table.base_seconds > 0
+    assert b.live_lanes == 0  # it cleans up after itself
+
+
+def test_calibrated_caches_and_reloads(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    monkeypatch.delenv("SSR_RECALIBRATE", raising=False)
+    calls = {"measure": 0, "select": 0}
+    measure, select = calibrate.measure_costs, TransformersBackend.select_kernels
+
+    def counted_measure(*args, **kwargs):
+        calls["measure"] += 1
+        return measure(*args, **kwargs)
+
+    def counted_select(self, timings=None, **kwargs):
+        calls["select"] += 1
+        return select(self, timings=TIMINGS, **kwargs)  # a known choice, so reloading it can be checked
+
+    monkeypatch.setattr(calibrate, "measure_costs", counted_measure)
+    monkeypatch.setattr(TransformersBackend, "select_kernels", counted_select)
+    first = calibrate.calibrated(backend(), **GRID)
+    assert calls == {"measure": 1, "select": 1}
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and files[0].name.startswith("tiny-")
+    assert first.meta["kernels"] == CHOSEN
+
+    fresh = backend()
+    again = calibrate.calibrated(fresh, **GRID)
+    assert calls == {"measure": 1, "select": 1}  # loaded, not measured
+    assert again == first
+    assert fresh.kernels == [tuple(k) for k in first.meta["kernels"]]  # the cached choice is applied
+
+    monkeypatch.setenv("SSR_RECALIBRATE", "1")
+    calibrate.calibrated(backend(), **GRID)
+    assert calls == {"measure": 2, "select": 2}
+    monkeypatch.delenv("SSR_RECALIBRATE")
+    calibrate.calibrated(backend(), refresh=True, **GRID)
+    assert calls == {"measure": 3, "select": 3}
+
+
+def test_noisy_table_is_not_cached(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    measure = calibrate.measure_costs
+    monkeypatch.setattr(calibrate, "measure_costs",
+                        lambda *a, **k: replace(measure(*a, **k), meta={"spread": 2 * calibrate.NOISY}))
+    table = calibrate.calibrated(backend(), **GRID)
+    assert table.meta["spread"] > calibrate.NOISY and "kernels" in table.meta
+    assert not list(tmp_path.glob("costs/*.json"))
+
+
+def test_cache_key_depends_on_setup(monkeypatch):
+    b = backend()
+    key = calibrate.cache_key(b)
+    assert calibrate.cache_key(backend(1)) == key  # same model name, setup and machine
+    b.model_name = "other"
+    assert calibrate.cache_key(b) != key
+    monkeypatch.setattr(calibrate, "cpu_name", lambda: "another CPU")
+    b.model_name = "tiny"
+    assert calibrate.cache_key(b) != key
+
+
+def test_markdown_and_kernel_text():
+    md = calibrate.markdown(TABLE)
+    assert md.splitlines()[0] == "| lanes \\ tokens per lane | 1 | 2 | 4 |"
+    assert "| 2 | 1.50 | 1.90 | 2.70 |" in md
+    assert calibrate.kernels_text([[2, "stationary"], [None, "linear"]]) == "1-2: stationary; 3+: linear"
+
+
+def test_micro_calibration_report(tmp_path, monkeypatch):
+    import types
+
+    from ssr_bench import micro
+
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    engine = types.SimpleNamespace(backend=backend(), policy=types.SimpleNamespace(costs=None))
+    c = micro.calibration(engine)
+    assert engine.policy.costs.to_dict() == c["table"]  # the engine prices its next requests with the fresh table
+    assert c["kernels"] == engine.backend.kernels and len(c["table"]["rows"]) == 3
+    md = micro.micro_markdown({"model": "tiny", "backend": "transformers", "preset": "smoke", "calibration": c})
+    assert "## Calibration" in md and "| lanes \\ tokens per lane | 1 | 2 | 3 | 4 | 6 | 8 | 12 | 16 |" in md
+
+
+def test_padded_envelope_makes_costs_monotone():
+    from ssr.calibrate import padded_envelope
+
+    seconds = {(1, 1): 1.0, (1, 2): 0.9, (1, 4): 3.0, (2, 1): 1.1, (2, 2): 2.5, (2, 4): 2.0}
+    env = padded_envelope(seconds, (1, 2), (1, 2, 4))
+    assert env == {(1, 1): 0.9, (1, 2): 0.9, (1, 4): 2.0, (2, 1): 1.1, (2, 2): 2.0, (2, 4): 2.0}
