@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     config: SSRConfig = base_config("agent")  # the suite's budgets
     task = agent.TASKS_BY_ID[args.task]
     print(f"task {task.id}: {task.prompt()}\n")
-    loop = {"engine": agent.run_engine_loop, "langchain": agent.run_langchain_loop,
-            "llamaindex": agent.run_llamaindex_loop}[args.front]
-    outcome = loop(engine, task, config, args.steps)
+    outcome = agent.LOOPS[args.front](engine, task, config, args.steps)
     print(agent.describe(outcome))
     passes = sum(s.stats.get("forward_passes") or 0 for s in outcome.steps)
     plain = sum(s.stats.get("plain_forward_passes") or 0 for s in outcome.steps)

@@ -20,12 +20,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .scoring import run_sandboxed
 
 MAX_STEPS = 8
-FRONTS = ("engine", "langchain", "llamaindex")
 
 
 @dataclass(frozen=True)
@@ -345,9 +344,9 @@ def run_langchain_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -
             pass  # the step limit: the task is scored as it stands
         solved = ws.tests_pass()
     messages = state["messages"]
+    results = {r.tool_call_id: str(r.content) for r in messages if isinstance(r, ToolMessage)}
     steps = []
     for i, m in enumerate(m for m in messages if isinstance(m, AIMessage)):
-        results = {r.tool_call_id: str(r.content) for r in messages if isinstance(r, ToolMessage)}
         calls = [{"id": c["id"], "name": c["name"], "arguments": c["args"]} for c in m.tool_calls]
         steps.append(Step(list(m.response_metadata.get("token_ids", [])),
                           timer.seconds[i] if i < len(timer.seconds) else 0.0, dict(m.response_metadata.get("ssr", {})),
@@ -398,6 +397,12 @@ def run_llamaindex_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) 
     return AgentOutcome(task.id, solved, steps, time.perf_counter() - t_start)
 
 
+# the fronts by name (``--agent-front``): each runs one task as a whole loop
+LOOPS: dict[str, Callable[..., AgentOutcome]] = {"engine": run_engine_loop, "langchain": run_langchain_loop,
+                                                 "llamaindex": run_llamaindex_loop}
+FRONTS = tuple(LOOPS)
+
+
 def step_summary(step: Step) -> dict[str, Any]:
     """The numbers the report uses per step (the record keeps these, not the whole stats)."""
     s = step.stats
@@ -424,12 +429,18 @@ def aggregate_stats(steps: list[Step]) -> dict[str, Any]:
     """The run's stats over all its steps: counts summed, accepted tokens by source summed (the runner's
     ``summarize_stats`` reads these keys, as for a single generation)."""
     total: dict[str, Any] = {}
-    by_source: dict[str, int] = {}
     for step in steps:
         for key, value in step.stats.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
-        for source, n in (step.stats.get("accepted_by_source") or {}).items():
-            by_source[source] = by_source.get(source, 0) + n
-    total["accepted_by_source"] = by_source
+    total["accepted_by_source"] = accepted_by_source(step.stats for step in steps)
+    return total
+
+
+def accepted_by_source(counts: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The ``accepted_by_source`` counts of several steps (their stats, or their summaries), summed by source."""
+    total: dict[str, int] = {}
+    for c in counts:
+        for source, n in (c.get("accepted_by_source") or {}).items():
+            total[source] = total.get(source, 0) + n
     return total

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import methods as M
+from .agent import accepted_by_source
 from .figures import fmt, mean, pyplot, quantile, save
 
 SUITE = "agent"
@@ -21,10 +22,6 @@ def agent_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for method in dict.fromkeys(r["method"] for r in recs):
         rs = [r for r in recs if r["method"] == method]
         steps = [s for r in rs for s in r.get("steps") or []]
-        by_source: dict[str, int] = {}
-        for s in steps:
-            for source, n in (s.get("accepted_by_source") or {}).items():
-                by_source[source] = by_source.get(source, 0) + n
         paired = [(r["latency_s"], plain[r["item"]]["latency_s"]) for r in rs if r["item"] in plain]
         compared = [r for r in rs if "identical_to_plain" in r and method != M.PLAIN]
         out[method] = {
@@ -39,7 +36,7 @@ def agent_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "reused_per_step": mean([s["reused_prompt_tokens"] for s in steps
                                       if s.get("reused_prompt_tokens") is not None]),
             "prompt_per_step": mean([s["prompt_tokens"] for s in steps if s.get("prompt_tokens") is not None]),
-            "accepted_by_source": by_source,
+            "accepted_by_source": accepted_by_source(steps),
             "identical": sum(1 for r in compared if r["identical_to_plain"]), "compared": len(compared),
         }
     return out

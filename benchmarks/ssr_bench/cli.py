@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import methods as M
+from .agent import FRONTS
 from .suites import NEEDS_DATA, SUITES, data_dir_from
 
 
@@ -62,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=None,
                         help="benchmark data folder for classeval and longproc (default: $SSR_BENCH_DATA; "
                              "no other default)")
-    parser.add_argument("--agent-front", choices=("engine", "langchain", "llamaindex"), default="engine",
+    parser.add_argument("--agent-front", choices=FRONTS, default="engine",
                         help="the agent suite's loop: SSREngine.generate per step, ChatSSR in LangChain's "
                              "create_agent, or the SSR LLM in a LlamaIndex FunctionAgent")
     parser.add_argument("--agent-steps", type=int, default=None, help="the agent suite's step limit (default 8)")

@@ -245,9 +245,7 @@ def run_agent(engine, item: dict[str, Any], config: SSRConfig, front: str = "eng
     the token ids are every step's, and ``stats["steps"]`` holds each step's numbers."""
     from . import agent
 
-    run = {"engine": agent.run_engine_loop, "langchain": agent.run_langchain_loop,
-           "llamaindex": agent.run_llamaindex_loop}[front]
-    outcome = run(engine, agent.TASKS_BY_ID[item["task"]], config, max_steps or agent.MAX_STEPS)
+    outcome = agent.LOOPS[front](engine, agent.TASKS_BY_ID[item["task"]], config, max_steps or agent.MAX_STEPS)
     if any(not s.token_ids for s in outcome.steps):  # never compare runs that carry nothing to compare
         raise RuntimeError(f"the {front} front gave a step without its token ids")
     stats = agent.aggregate_stats(outcome.steps)

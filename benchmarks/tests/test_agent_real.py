@@ -17,8 +17,6 @@ pytestmark = pytest.mark.real_model
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "coding_agent.py"
 BUDGETS = dict(max_think_tokens=24, draft_start=4, max_tokens=64, temperature=0.0)  # short steps: a CI budget
-LOOPS = {"engine": agent.run_engine_loop, "langchain": agent.run_langchain_loop,
-         "llamaindex": agent.run_llamaindex_loop}
 
 
 @pytest.mark.parametrize("front", agent.FRONTS)
@@ -27,7 +25,7 @@ def test_every_step_of_the_loop_is_plain_decodings(default_engine, front):  # no
     runs = []
     for enabled in (False, True):
         default_engine.backend.release_all()
-        runs.append(LOOPS[front](default_engine, task, SSRConfig(enabled=enabled, **BUDGETS), 2))
+        runs.append(agent.LOOPS[front](default_engine, task, SSRConfig(enabled=enabled, **BUDGETS), 2))
     plain, ssr = runs
     assert plain.steps and all(s.token_ids for s in plain.steps)  # the front carries each step's token ids
     assert [s.token_ids for s in ssr.steps] == [s.token_ids for s in plain.steps]
