@@ -44,8 +44,10 @@ TOOL_DEMONSTRATION = [
 ]
 
 # After a tool result (tools bound, the tool's message last): an exchange that answers from a result, with a tool
-# unlike the bound ones. After the coding exchange the 0.5B model wrote the demonstration's Python function or called
-# the tool again; after this one it answered from the result on the weather and time questions tried.
+# unlike the bound ones, right after the template's own system block (no recipe system prompt: the prompt extends
+# the decision turn's, whose cache the step reuses). After the coding exchange the 0.5B model wrote the
+# demonstration's Python function or called the tool again; after this one it answered from the result on the
+# weather and time questions tried.
 TOOL_RESULT_DEMONSTRATION: list[dict[str, Any]] = [
     {"role": "user", "content": "Convert 20 euros to US dollars."},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_demo", "type": "function", "function": {
@@ -135,17 +137,20 @@ def render_prompt(tokenizer, family: ChatFamily, messages: list[dict[str, Any]],
                                              add_generation_prompt=True, **switch)
         return text + family.answer_prefill
     if family.system_prompt:
-        if messages and messages[0]["role"] == "system":
-            messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
-        else:
-            messages.insert(0, {"role": "system", "content": family.system_prompt})
-        if tools and call_required:
-            demonstration = family.tool_demonstration
-        elif tools and messages[-1]["role"] == "tool" and family.tool_result_demonstration:
+        after_result = bool(tools) and not call_required and messages[-1]["role"] == "tool"
+        if after_result and family.tool_result_demonstration:
+            # append-only: the system block stays the one the decision turns had (the template's own, with the
+            # tools), so an agent's step after a tool call reuses that much of its cache; the demonstration alone
+            # makes the model think and answer from the result
             demonstration = family.tool_result_demonstration
         else:
-            demonstration = family.demonstration
-        messages[1:1] = [dict(m) for m in demonstration]
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": f"{family.system_prompt}\n\n{messages[0]['content']}"}
+            else:
+                messages.insert(0, {"role": "system", "content": family.system_prompt})
+            demonstration = family.tool_demonstration if tools and call_required else family.demonstration
+        at = 1 if messages[0]["role"] == "system" else 0
+        messages[at:at] = [dict(m) for m in demonstration]
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
                                          **switch)
     return text + family.think_prefill

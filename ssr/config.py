@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+# where suffix proposals come from: this request's drafts, prompt, chain of thought and answer, and the outputs of
+# the engine's earlier requests (``ssr.history``)
+SUFFIX_SOURCES = ("drafts", "prompt", "thinking", "answer", "history")
+
 
 @dataclass(frozen=True)
 class SSRConfig:
@@ -30,7 +34,7 @@ class SSRConfig:
     # answer phase
     prefix_accept: bool = True
     suffix_decoding: bool = True
-    suffix_sources: tuple[str, ...] = ("drafts", "prompt", "thinking", "answer")
+    suffix_sources: tuple[str, ...] = SUFFIX_SOURCES
     max_suffix_tokens: int = 16
     suffix_min_match: int = 2
     suffix_min_prob: float = 0.1
@@ -73,8 +77,8 @@ class SSRConfig:
         need(self.suffix_min_match >= 1, f"suffix_min_match must be >= 1, got {self.suffix_min_match}")
         need(0.0 <= self.suffix_min_prob <= 1.0, f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob}")
         need(self.max_verify_tokens >= 1, f"max_verify_tokens must be >= 1, got {self.max_verify_tokens}")
-        unknown = set(self.suffix_sources) - {"drafts", "prompt", "thinking", "answer"}
-        need(not unknown, f"unknown suffix_sources {sorted(unknown)}; choose from drafts, prompt, thinking, answer")
+        unknown = set(self.suffix_sources) - set(SUFFIX_SOURCES)
+        need(not unknown, f"unknown suffix_sources {sorted(unknown)}; choose from {', '.join(SUFFIX_SOURCES)}")
         need(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
         need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")

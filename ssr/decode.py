@@ -27,6 +27,7 @@ from .config import SSRConfig
 from .drafts import DraftLanes
 from .errors import Cancelled
 from .grammar import Constraint, Grammar
+from .history import OutputHistory
 from .policy import ALONE, Shared, SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
 from .stats import RequestCounts, Speculation, request_stats
@@ -62,7 +63,7 @@ class Decoding:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  policy: SpeculationPolicy, thinking: bool = True, cancel: threading.Event | None = None,
                  tools: list[dict] | None = None, answer_opening: str = "",
-                 grammar: Grammar | None = None) -> None:
+                 grammar: Grammar | None = None, history: OutputHistory | None = None) -> None:
         self.backend, self.tokenizer, self.config, self.policy = backend, tokenizer, config, policy
         self.prompt_ids = list(prompt_ids)
         self.cancel = cancel or threading.Event()
@@ -72,6 +73,7 @@ class Decoding:
         self.grammar = grammar  # part of the decoding rule, applied by every lane
         self.constraint: Constraint | None = None  # the answer's parser state, from the end of thinking on
         self.counts = RequestCounts()
+        self.history = history  # earlier SSR requests' outputs: a suffix source; this output is added at the end
         self.suffix = self._suffix_sources() if config.enabled else None
         self.drafts = DraftLanes(backend, config, self.sampler, self.transcript, self.suffix, grammar)
         self.schema = SchemaFixed(tools, tokenizer) if tools and config.enabled and config.schema_proposals else None
@@ -97,6 +99,8 @@ class Decoding:
             return None
         suffix = SuffixSources(cfg.suffix_sources, cfg.max_suffix_tokens, cfg.suffix_min_match, cfg.suffix_min_prob)
         suffix.extend("prompt", self.prompt_ids)
+        if self.history is not None:
+            suffix.attach_history(self.history)
         return suffix
 
     # -- the loop ------------------------------------------------------------------------------------------------------
@@ -124,6 +128,8 @@ class Decoding:
             if self.thinking_lane is not None:
                 if self.transcript.finish is not None:
                     self.backend.park(self.thinking_lane)  # an agent's next step may extend this conversation
+                    if self.history is not None and self.config.enabled:  # plain decoding leaves no trace
+                        self.history.add(self.transcript.tokens)
                 else:  # cancelled or failed: nothing worth keeping
                     self.backend.release(self.thinking_lane)
                 self.thinking_lane = None

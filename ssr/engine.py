@@ -15,6 +15,7 @@ from .config import SSRConfig
 from .costs import CostTable
 from .decode import Decoding
 from .grammar import Grammar, Grammars, check_tools, json_grammar, response_schema, tool_call_grammar
+from .history import DEFAULT_MAX_TOKENS, OutputHistory
 from .models import canonical_name, resolve_model
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
@@ -29,11 +30,12 @@ class SSREngine:
 
     ``max_queue`` bounds the requests waiting to start (``ssr.errors.QueueFull`` past it), ``max_running`` the
     requests stepped together, ``prefill_chunk`` the prompt tokens a new request prefills per pass while others
-    decode. ``close()`` (or ``with SSREngine(...)``) ends every request and frees the model's lanes."""
+    decode. ``history_tokens`` bounds the earlier outputs kept as a suffix source for later requests (``ssr.history``;
+    0 keeps none). ``close()`` (or ``with SSREngine(...)``) ends every request and frees the model's lanes."""
 
     def __init__(self, backend, tokenizer, config: SSRConfig | None = None, family: ChatFamily | None = None,
                  model_name: str | None = None, costs: CostTable | None = None, max_queue: int = 64,
-                 max_running: int = 16, prefill_chunk: int = 128) -> None:
+                 max_running: int = 16, prefill_chunk: int = 128, history_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config or SSRConfig()
@@ -46,6 +48,7 @@ class SSREngine:
 
             costs = calibrated(backend)
         self.policy = SpeculationPolicy(costs)  # this machine's step costs and the acceptance rates seen so far
+        self.history = OutputHistory(history_tokens)  # earlier outputs, a suffix source of later requests
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "auto",
@@ -113,7 +116,7 @@ class SSREngine:
                                min_think_tokens=min(cfg.min_think_tokens, window_cap))
         request = Decoding(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
                            cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
-                           grammar=grammar)
+                           grammar=grammar, history=self.history)
         request.window_cap = window_cap
         return request
 

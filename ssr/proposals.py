@@ -2,8 +2,8 @@
 
 The thinking lane, the draft lanes and the answer all ask the same sources for tokens to verify: the newest draft
 from where the answer so far ends in it (``DraftPrefix``), the text the bound tools' schemas fix (``SchemaFixed``),
-and one suffix index over the prompt, the chain of thought, the drafts and the answer (``SuffixSources``). A source
-only proposes; the verifier decides every token, so no source can change the output.
+and one suffix index over the prompt, the chain of thought, the drafts, the answer and earlier requests' outputs
+(``SuffixSources``). A source only proposes; the verifier decides every token, so no source can change the output.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .history import SEPARATOR, OutputHistory
 from .schema import SchemaProposer
 from .suffix import SuffixIndex
 
@@ -63,13 +64,21 @@ class SuffixSources:
         if self.wants(source) and tokens:
             self.index.add(source, tokens)
 
+    def attach_history(self, history: OutputHistory) -> None:
+        """Earlier requests' outputs as the source "history" (when the config names it)."""
+        if self.wants("history") and len(history):
+            self.index.attach("history", history.automaton)
+
     def propose(self, context: Context, room: int) -> Proposal | None:
         found = self.index.propose(context.tail, min(room, self.max_tokens), min_match=self.min_match,
                                    min_prob=self.min_prob)
-        if not found.tokens:
+        # SuffixDecoding's cap: a short match earns a short proposal; an earlier output ends at its separator
+        tokens = found.tokens[: max(found.match_len, 1)]
+        if SEPARATOR in tokens:
+            tokens = tokens[: tokens.index(SEPARATOR)]
+        if not tokens:
             return None
-        # SuffixDecoding's cap: a short match earns a short proposal
-        return Proposal(found.tokens[: max(found.match_len, 1)], found.source or "", found.match_len)
+        return Proposal(tokens, found.source or "", found.match_len)
 
 
 class DraftPrefix:

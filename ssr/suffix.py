@@ -46,7 +46,7 @@ class Proposal:
     match_len: int  # length of the matched tail
 
 
-class _Automaton:
+class Automaton:
     """Online suffix automaton of one token sequence, with counts for strings of at most ``max_match + 1`` tokens.
 
     States are parallel lists (faster than objects in pure Python). ``cnt[v]`` (occurrences) and ``lastpos[v]``
@@ -158,7 +158,7 @@ class SuffixIndex:
         if max_match < 1:
             raise ValueError("max_match must be >= 1")
         self.max_match = max_match
-        self._sources: dict[str, _Automaton] = {}
+        self._sources: dict[str, Automaton] = {}
         self._recency: dict[str, int] = {}  # source -> tick of its last add/extend (tie-break: most recent wins)
         self._tick = 0
         # Memo of the previous query, so a context that only grew is matched incrementally.
@@ -169,9 +169,16 @@ class SuffixIndex:
     def add(self, source: str, tokens: Sequence[int] = ()) -> None:
         """Register ``source`` (or extend it if it exists)."""
         if source not in self._sources:
-            self._sources[source] = _Automaton(self.max_match)
+            self._sources[source] = Automaton(self.max_match)
             self._touch(source)
         self.extend(source, tokens)
+
+    def attach(self, source: str, automaton: Automaton) -> None:
+        """Register a source whose automaton another owner grows (``ssr.history.OutputHistory``); it is only read."""
+        if automaton.max_match != self.max_match:  # its counts cover windows of its own length
+            raise ValueError(f"an automaton of max_match {automaton.max_match} in an index of {self.max_match}")
+        self._sources[source] = automaton
+        self._touch(source)
 
     def extend(self, source: str, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to an existing source (KeyError if unknown)."""

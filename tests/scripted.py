@@ -100,10 +100,12 @@ class ScriptedBackend(Backend):
 
 
 def scripted_engine(tokenizer, config=None, reuse_prefix: bool = False) -> SSREngine:
-    """An SSREngine whose backend replays ``engine.backend.set_script(reasoning, answer)``."""
+    """An SSREngine whose backend replays ``engine.backend.set_script(reasoning, answer)``. It keeps no history of
+    earlier outputs (``ssr.history``): the same request twice gives the same stats, as the adapters' tests compare."""
     from ssr.chat import detect_family
 
     family = detect_family(tokenizer, None)
     backend = ScriptedBackend(tokenizer, family.close_text, reuse_prefix=reuse_prefix)
     # a scripted backend has no costs to measure: price every step alike, so every proposal and draft is taken
-    return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted", costs=CostTable.flat())
+    return SSREngine(backend, tokenizer, config=config, family=family, model_name="scripted", costs=CostTable.flat(),
+                     history_tokens=0)

@@ -37,6 +37,8 @@ CASES = [
                                     suffix_min_prob=0.0, max_suffix_tokens=6)),
     ("draft-speculation", dict(draft_start=0, think_speculation=False, suffix_min_match=1, suffix_min_prob=0.0)),
     ("no-speculation-outside-answer", dict(draft_start=1, think_speculation=False, draft_speculation=False)),
+    # last: the case before it left its output of the same prompt in the engine's history
+    ("history-only", dict(max_drafts=0, suffix_sources=("history",))),
 ]
 BASE = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=24)
 MODELS = [(seed, attention) for seed in range(3) for attention in (0.0, 0.4, 1.0)]
@@ -45,6 +47,8 @@ PROMPTS = ("abc\nde", "hhh", "xyz", [5, 6, 0, 5, 6, 1, 5, 6, 3])  # the last hol
 
 def run_pair(engine, overrides, prompt):
     cfg = {**BASE, **overrides}
+    if "history" not in cfg.get("suffix_sources", ()):
+        engine.history.clear()  # each case on its own paths, not on an earlier case's output of the same prompt
     plain = engine.generate(prompt, config=SSRConfig(enabled=False, **cfg))
     ssr = engine.generate(prompt, config=SSRConfig(**cfg))
     return plain, ssr
@@ -99,9 +103,10 @@ def test_every_path_was_exercised(outcomes):
         seen["length"] += ssr.finish_reason == "length"
         seen["stop"] += name == "stop-strings" and plain.finish_reason == "stop" and plain.token_ids[-1] != 0
         seen["saved"] += s["forward_passes_saved"] > 0
+        seen["history_accepted"] += s["accepted_by_source"].get("history", 0) > 0
     for path in ("closed_by_model", "closed_by_budget", "closed_by_eos", "prefix_full", "prefix_partial",
                  "prefix_rejected_first", "suffix_accepted", "suffix_rejected", "bootstrapped", "retired",
-                 "length", "stop", "saved"):
+                 "length", "stop", "saved", "history_accepted"):
         assert seen[path] > 0, f"no run exercised {path}: {dict(seen)}"
 
 

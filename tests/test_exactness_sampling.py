@@ -28,6 +28,8 @@ BASE = dict(temperature=1.0, max_think_tokens=2, max_tokens=7, draft_start=0, ma
 VARIANTS = {  # each SSR variant exercises one kind of proposal
     "draft-prefix": dict(suffix_decoding=False),
     "suffix-point-mass": dict(max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0),
+    # proposals from earlier samples alone (the engine's history of outputs): point masses drawn from other requests
+    "history-point-mass": dict(max_drafts=0, suffix_sources=("history",), suffix_min_match=1, suffix_min_prob=0.0),
     # drafts drawn from (and keeping) their top-3 of the 16-token vocabulary: the answer verifies under compact q
     "draft-prefix-top3": dict(suffix_decoding=False, draft_support=3),
     # iterative drafts: each new one verifies the previous draft's compact q under its own compact distribution

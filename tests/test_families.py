@@ -14,7 +14,8 @@ import openai_harmony as oh
 import pytest
 
 from ssr import SSRConfig
-from ssr.chat import DEEPSEEK_R1, HARMONY, QWEN2_INSTRUCT, QWEN3, REASONING, detect_family, render_prompt
+from ssr.chat import (DEEPSEEK_R1, HARMONY, QWEN2_INSTRUCT, QWEN3, REASONING, THINK_INSTRUCTION,
+                      TOOL_RESULT_DEMONSTRATION, detect_family, render_prompt)
 from ssr.transcript import FINISHED, Transcript
 from tiny import (CHAT_TEMPLATE, FAMILY_VOCAB, QWEN3_TEMPLATE, R1_TEMPLATE, family_engine, harmony_tokenizer,
                   offline_harmony_vocab, tiny_tokenizer)
@@ -88,6 +89,19 @@ def test_harmony_prompt_is_openai_harmony_rendering():
     assert reference.endswith("<|start|>assistant")
     assert render_prompt(tok, HARMONY, messages, thinking=True) == reference + "<|channel|>analysis<|message|>"
     assert render_prompt(tok, HARMONY, messages, thinking=False) == reference + "<|channel|>final<|message|>"
+
+
+def test_instruct_step_after_a_tool_result_extends_the_decision_turns_prompt(tokenizer):
+    """An instruct model's step after a tool call thinks, after the tool-result demonstration; the system block of
+    the decision turn (the template's own, with the tools) stays first, so that step reuses the decision's cache."""
+    decision = render_prompt(tokenizer, QWEN2_INSTRUCT, AGENT_TURN[:1], tools=WEATHER, thinking=False)
+    after = render_prompt(tokenizer, QWEN2_INSTRUCT, AGENT_TURN, tools=WEATHER, thinking=True)
+    system_block = decision[:decision.index("<|im_start|>user")]
+    assert "get_weather" in system_block and after.startswith(system_block)
+    assert after[len(system_block):].startswith(f"<|im_start|>user\n{TOOL_RESULT_DEMONSTRATION[0]['content']}")
+    assert after.endswith("sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
+    # a turn on the user's message still thinks under the recipe's own system prompt and coding demonstration
+    assert THINK_INSTRUCTION in render_prompt(tokenizer, QWEN2_INSTRUCT, USER, thinking=True)
 
 
 # -- (b) a conversation with reasoning and tool calls, rendered and parsed back --------------------------------------

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssr.suffix import Proposal, SuffixIndex, _Automaton
+from ssr.suffix import Proposal, SuffixIndex, Automaton
 
 # --- brute-force reference ---------------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ def test_context_growing_token_by_token(sources, context, max_match):
 @settings(max_examples=100, deadline=None)
 @given(toks=st.lists(st.integers(0, 2), max_size=60), max_match=st.integers(1, 5))
 def test_counts_exact_up_to_max_match_plus_one(toks, max_match):
-    a = _Automaton(max_match)
+    a = Automaton(max_match)
     for t in toks:
         a.append(t)
     window = toks[-(max_match + 1) :]
@@ -269,7 +269,7 @@ def test_growing_context_and_sources():
 # --- size / work bounds (counts only, never wall time) -----------------------------------------------------
 
 
-def chain_length(a: _Automaton, state: int) -> int:
+def chain_length(a: Automaton, state: int) -> int:
     n = 0
     while state != -1:
         n, state = n + 1, a.link[state]
@@ -279,7 +279,7 @@ def chain_length(a: _Automaton, state: int) -> int:
 @pytest.mark.parametrize("pattern", [[0], [0, 1], [0, 1, 2, 1], list(range(50))])
 def test_states_linear_and_count_walk_bounded(pattern):
     max_match = 8
-    a = _Automaton(max_match)
+    a = Automaton(max_match)
     n = 3000
     for i in range(n):
         a.append(pattern[i % len(pattern)])
@@ -290,7 +290,7 @@ def test_states_linear_and_count_walk_bounded(pattern):
 
 
 def test_states_linear_on_pseudo_random_text():
-    a = _Automaton(32)
+    a = Automaton(32)
     x, n = 12345, 5000
     for _ in range(n):
         x = (1103515245 * x + 12345) % 2**31

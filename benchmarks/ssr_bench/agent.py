@@ -237,6 +237,7 @@ class Step:
     tool_results: list[str]
     answer: str
     invalid: list[str] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)  # what the engine decoded from: replay peers start here
 
 
 @dataclass
@@ -267,6 +268,7 @@ def run_engine_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> A
     t_start = time.perf_counter()
     with Workspace(task) as ws:
         for _ in range(max_steps):
+            prompt_ids = engine.encode(messages, tools=TOOLS)  # the ids generate decodes from, for replay peers
             t0 = time.perf_counter()
             result = engine.generate(messages, tools=TOOLS, config=config)
             latency = time.perf_counter() - t0
@@ -279,7 +281,7 @@ def run_engine_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> A
                 outputs.append(out)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": out})
             steps.append(Step(list(result.token_ids), latency, dict(result.stats), calls, outputs, result.answer,
-                              invalid))
+                              invalid, prompt_ids))
             if not calls and not invalid:
                 break  # the model answered: the loop ends, as an agent framework's does
             if invalid and not calls:  # tell the model what was wrong, as agents do
@@ -412,7 +414,8 @@ def step_summary(step: Step) -> dict[str, Any]:
             "reused_prompt_tokens": s.get("reused_prompt_tokens"),
             "accepted_by_source": s.get("accepted_by_source"), "accepted_prefix": s.get("accepted_prefix_tokens"),
             "tools": [c["name"] for c in step.tool_calls], "invalid": step.invalid,
-            "results": [r[:80] for r in step.tool_results], "answer": step.answer[:200]}
+            "results": [r[:80] for r in step.tool_results], "answer": step.answer[:200],
+            **({"prompt_ids": step.prompt_ids} if step.prompt_ids else {})}
 
 
 def describe(outcome: AgentOutcome) -> str:

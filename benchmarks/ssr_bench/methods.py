@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ssr.config import SSRConfig
+from ssr.config import SUFFIX_SOURCES, SSRConfig
 
 PLAIN = "plain"
 BARE = "bare"  # the model's own chat template, no thinking: the reference for tool-use quality, not for speed
@@ -31,9 +31,10 @@ PROMPT_LOOKUP_TOKENS = 10
 
 DESCRIPTIONS = {
     "plain": "plain greedy decoding through the same backend (SSRConfig(enabled=False))",
-    "suffix": "peer: suffix decoding everywhere (thinking and answer) over prompt, thinking and own output, no drafts",
+    "suffix": "peer: suffix decoding everywhere (thinking and answer) over prompt, thinking, own output and earlier "
+              "outputs (SuffixDecoding's global cache), no drafts",
     "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals anywhere)",
-    "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer",
+    "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer, earlier outputs",
     "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
     "bare": "the model without SSR's thinking recipe (its own chat template, no thinking), plain decoding",
     "prompt-lookup": f"transformers generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}), same prompt ids, "
@@ -61,17 +62,17 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
         return base.override(enabled=False)
     if name == "suffix":
         return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
-                             suffix_sources=("prompt", "thinking", "answer"))
+                             suffix_sources=("prompt", "thinking", "answer", "history"))
     if name == "ssr-prefix":
         return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1),
                              think_speculation=False, draft_speculation=False)
     if name == "ssr":
         return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
-                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             suffix_sources=SUFFIX_SOURCES,
                              max_drafts=max(base.max_drafts, 1))
     if name == "ssr-iterative":
         return base.override(enabled=True, suffix_decoding=True, prefix_accept=True,
-                             suffix_sources=("drafts", "prompt", "thinking", "answer"),
+                             suffix_sources=SUFFIX_SOURCES,
                              draft_interval=iterative_interval(base), max_drafts=max(base.max_drafts, 2),
                              bootstrap_drafts=True)
     if name in REPLAY:
@@ -184,32 +185,32 @@ def run_langchain_tools(engine, item: dict[str, Any], config: SSRConfig) -> Outc
                    reasoning=message.additional_kwargs.get("reasoning_content", ""))
 
 
-def run_prompt_lookup(engine, item: dict[str, Any], max_new_tokens: int,
-                      num_tokens: int = PROMPT_LOOKUP_TOKENS) -> Outcome:
-    """transformers' own prompt lookup decoding on the engine's prompt ids (greedy, ``max_new_tokens``)."""
-    import torch
+class PromptLookupPeer:
+    """transformers' own prompt lookup decoding (``generate(prompt_lookup_num_tokens=...)``) on the engine's model,
+    behind the replay peers' interface (``vllm_peers.VLLMPeer``)."""
 
-    model = engine.backend.model
-    ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([ids], device=device)
-    eos = sorted(getattr(engine.backend, "eos_token_ids", []) or [])
-    pad = getattr(engine.backend, "pad_token_id", None)
-    kwargs: dict[str, Any] = {"max_new_tokens": max(1, max_new_tokens), "do_sample": False,
-                              "prompt_lookup_num_tokens": num_tokens,
-                              "attention_mask": torch.ones_like(input_ids)}
-    if eos:
-        kwargs["eos_token_id"] = eos
-    if pad is not None:
-        kwargs["pad_token_id"] = pad
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
-    latency = time.perf_counter() - t0
-    new = out[0, len(ids):].tolist()
-    answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
-    return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=latency, ttfa_s=None,
-                   stats={"answer_tokens": None, "new_tokens": len(new)}, finish_reason=None)
+    def __init__(self, engine, num_tokens: int = PROMPT_LOOKUP_TOKENS) -> None:
+        self.engine, self.num_tokens = engine, num_tokens
+
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+        """Greedy, at most ``max_tokens`` new tokens (EOS ends it): ``{"token_ids", "seconds"}``."""
+        import torch
+
+        model = self.engine.backend.model
+        input_ids = torch.tensor([prompt_ids], device=next(model.parameters()).device)
+        eos = sorted(getattr(self.engine.backend, "eos_token_ids", []) or [])
+        pad = getattr(self.engine.backend, "pad_token_id", None)
+        kwargs: dict[str, Any] = {"max_new_tokens": max(1, max_tokens), "do_sample": False,
+                                  "prompt_lookup_num_tokens": self.num_tokens,
+                                  "attention_mask": torch.ones_like(input_ids)}
+        if eos:
+            kwargs["eos_token_id"] = eos
+        if pad is not None:
+            kwargs["pad_token_id"] = pad
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
+        return {"token_ids": out[0, len(prompt_ids):].tolist(), "seconds": time.perf_counter() - t0}
 
 
 def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -227,9 +228,9 @@ def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dic
     return answer, tool_calls
 
 
-def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
-    """A ``vllm_peers.VLLMPeer`` (or ``llama_cpp_peer.LlamaCppPeer``: same interface) on the engine's prompt ids,
-    ``max_tokens`` greedy tokens."""
+def run_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
+    """A peer with its own decoding loop (``vllm_peers.VLLMPeer``, ``llama_cpp_peer.LlamaCppPeer``,
+    ``PromptLookupPeer``: one interface) on the engine's prompt ids, ``max_tokens`` greedy tokens."""
     ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
     out = peer.generate(ids, max(1, max_tokens))
     new = out["token_ids"]
@@ -237,6 +238,22 @@ def run_vllm_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcom
     return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
                    stats={"new_tokens": len(new), "forward_passes": out.get("steps"),
                           "prefill_s": out.get("prefill_s")})
+
+
+def replay_agent(peer, plain: dict[str, Any]) -> Outcome:
+    """A peer with its own decoding loop cannot run a tool loop; on the agent suite it replays plain decoding's
+    steps instead: each step's prompt ids, plain's number of tokens. Greedy makes the loop deterministic, so where
+    the peer's tokens equal plain's this is the work it would do in the loop (the record says whether they do)."""
+    token_ids: list[int] = []
+    steps, seconds = [], 0.0
+    for step in plain["steps"]:
+        out = peer.generate(step["prompt_ids"], max(1, step["n_tokens"]))
+        token_ids += out["token_ids"]
+        seconds += out["seconds"]
+        steps.append({"latency_s": round(out["seconds"], 4), "n_tokens": len(out["token_ids"]),
+                      "forward_passes": out.get("steps"), "prompt_tokens": len(step["prompt_ids"])})
+    return Outcome(token_ids=token_ids, answer="", tool_calls=[], latency_s=seconds, ttfa_s=None,
+                   stats={"steps": steps, "forward_passes": sum(s["forward_passes"] or 0 for s in steps) or None})
 
 
 def run_agent(engine, item: dict[str, Any], config: SSRConfig, front: str = "engine",

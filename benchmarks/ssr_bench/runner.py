@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ssr.config import SSRConfig
+from ssr.history import OutputHistory
 
 from . import methods as M
 from .scoring import score_item
@@ -185,6 +186,8 @@ class BenchRun:
     agent_front: str = "engine"  # the agent suite's loop: engine, langchain or llamaindex (agent.FRONTS)
     agent_steps: int | None = None  # the agent suite's step limit (default agent.MAX_STEPS)
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
+    # each method's earlier outputs (the engine's suffix source "history"): a method copies only from its own runs
+    histories: dict[str, OutputHistory] = field(default_factory=dict, repr=False)
 
     @property
     def results_path(self) -> Path:
@@ -280,8 +283,9 @@ def _run_pending(run: BenchRun, engine, methods, pending, done, key_of, model_na
             if (key, item["id"], method) in done:
                 continue
             plain = done.get((plain_key, item["id"], M.PLAIN))
-            if suite == "agent" and method in M.REPLAY:  # a peer's own decoding loop cannot run a tool loop
-                run.log(f"{item['id']}: {method} skipped (the agent suite runs on the engine's loop)")
+            if suite == "agent" and method in M.REPLAY and not (plain and all(
+                    s.get("prompt_ids") for s in plain.get("steps") or [])):  # replays plain's steps (engine front)
+                run.log(f"{item['id']}: {method} skipped (it replays plain's steps from the engine front's record)")
                 continue
             if method in M.REPLAY and plain is None:
                 run.log(f"{item['id']}: {method} skipped (no plain result to take its length from)")
@@ -323,11 +327,16 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
     cfg = M.method_config(method, base)
     record["config"] = (cfg or base).to_dict()
     engine.backend.release_all()  # a cold prompt cache for every method: none is timed on another's prefill
+    if hasattr(engine, "history"):  # each method copies only from its own earlier outputs
+        engine.history = run.histories.setdefault(method, OutputHistory(engine.history.max_tokens))
     try:
-        if method == M.PROMPT_LOOKUP:
-            outcome = M.run_prompt_lookup(engine, item, max_new_tokens=len(plain["token_ids"]))
-        elif method in M.VLLM_PEERS or method == M.LLAMA_CPP:
-            outcome = M.run_vllm_peer(peers.get(method), engine, item, max_tokens=len(plain["token_ids"]))
+        if method in M.REPLAY:
+            peer = M.PromptLookupPeer(engine) if method == M.PROMPT_LOOKUP else peers.get(method)
+            if suite == "agent":
+                outcome = M.replay_agent(peer, plain)
+                record["front"], record["steps"] = "replay", outcome.stats.pop("steps")
+            else:
+                outcome = M.run_peer(peer, engine, item, max_tokens=len(plain["token_ids"]))
         elif suite == "agent":
             outcome = M.run_agent(engine, item, cfg, run.agent_front, run.agent_steps)
             record["front"] = run.agent_front
@@ -372,7 +381,10 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None
     elif method == M.PLAIN:
         record["identical_to_plain"] = True
-    if suite == "agent":  # the project's tests, run by the loop at its end
+    if suite == "agent" and method in M.REPLAY:  # plain's steps replayed: plain's tasks, where its tokens are
+        record["score"] = plain["score"] if record.get("identical_to_plain") else None
+        record["score_detail"] = {"steps": len(record["steps"])}
+    elif suite == "agent":  # the project's tests, run by the loop at its end
         record["score"] = float(outcome.stats.get("solved", 0))
         record["score_detail"] = {"steps": len(record["steps"])}
     elif plain is not None and record.get("identical_to_plain") and method != M.PLAIN and "score" in plain:

@@ -124,11 +124,11 @@ def test_invalid_call_is_told_to_the_model_and_the_loop_goes_on(agent_model):
 
 
 def test_runner_records_every_step_and_the_report_has_the_agent_section(agent_model, tmp_path):
-    run = BenchRun(suites=["agent"], methods=["plain", "ssr", "prompt-lookup"], out=tmp_path, n=1, progress=False,
+    run = BenchRun(suites=["agent"], methods=["plain", "ssr"], out=tmp_path, n=1, progress=False,
                    warmup=False, overrides=dict(max_think_tokens=32, draft_start=2, max_tokens=200), log=lambda s: None)
     run_bench(run, engine=agent_model)
     records = {r["method"]: r for r in load_records(tmp_path / "results.jsonl")}
-    assert set(records) == {"plain", "ssr"}  # a replay peer cannot run a tool loop: skipped
+    assert set(records) == {"plain", "ssr"}
     assert records["plain"]["score"] == records["ssr"]["score"] == 1.0
     assert records["ssr"]["identical_to_plain"] is True and records["ssr"]["front"] == "engine"
     assert [s["tools"] for s in records["ssr"]["steps"]] == [["read_file"], ["write_file"], ["run_tests"]]
@@ -136,3 +136,46 @@ def test_runner_records_every_step_and_the_report_has_the_agent_section(agent_mo
     report = write_report(tmp_path / "results.jsonl").read_text()
     assert "## agent suite (front: engine)" in report and "| ssr | 1/1 | 3 |" in report
     assert (tmp_path / "agent_step_latency.png").stat().st_size and (tmp_path / "agent_accepted_by_source.png").exists()
+
+
+class StepPeer:
+    """Stands in for a peer with its own decoding loop (vLLM, llama.cpp) to test the harness's replay bookkeeping
+    alone: it answers a prompt with the tokens ``answers`` holds for it and keeps the prompts it was given."""
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]], wrong_from: int | None = None) -> None:
+        self.answers, self.wrong_from, self.prompts = answers, wrong_from, []
+
+    def generate(self, prompt_ids, max_tokens):
+        self.prompts.append(list(prompt_ids))
+        out = list(self.answers[tuple(prompt_ids)])[:max_tokens]
+        if self.wrong_from is not None and len(self.prompts) > self.wrong_from:
+            out = out[:-1] + [out[-1] + 1]  # a different last token
+        return {"token_ids": out, "seconds": 0.01, "steps": len(out)}
+
+
+@pytest.mark.parametrize("wrong_from", [None, 1])
+def test_a_peer_with_its_own_loop_replays_plains_steps(agent_model, tmp_path, monkeypatch, wrong_from):
+    """Replay peers get plain's step prompts (the ids the engine decoded from) and plain's lengths; the task counts
+    as solved only where the peer's tokens are plain's."""
+    from ssr_bench import methods as M
+
+    run = BenchRun(suites=["agent"], methods=["plain"], out=tmp_path, n=1, progress=False, warmup=False,
+                   overrides=dict(max_think_tokens=32, draft_start=2, max_tokens=200), log=lambda s: None)
+    run_bench(run, engine=agent_model)
+    plain = load_records(tmp_path / "results.jsonl")[0]
+    ids, answers, at = plain["token_ids"], {}, 0
+    for step in plain["steps"]:
+        answers[tuple(step["prompt_ids"])] = ids[at:at + step["n_tokens"]]
+        at += step["n_tokens"]
+    peer = StepPeer(answers, wrong_from)
+    monkeypatch.setattr(M, "PromptLookupPeer", lambda engine: peer)
+    run_bench(BenchRun(**{**run.__dict__, "methods": ["plain", "prompt-lookup"]}), engine=agent_model)
+    replay = {r["method"]: r for r in load_records(tmp_path / "results.jsonl")}["prompt-lookup"]
+    assert peer.prompts == [s["prompt_ids"] for s in plain["steps"]] and len(peer.prompts) == 3
+    assert peer.prompts[0] == agent_model.encode([{"role": "user", "content": TASK.prompt()}], tools=agent.TOOLS)
+    assert replay["front"] == "replay" and [s["n_tokens"] for s in replay["steps"]] == \
+        [s["n_tokens"] for s in plain["steps"]]
+    assert replay["identical_to_plain"] is (wrong_from is None)
+    assert replay["score"] == (1.0 if wrong_from is None else None)
+    report = write_report(tmp_path / "results.jsonl").read_text()
+    assert ("| prompt-lookup | 1/1 | 3 |" if wrong_from is None else "| prompt-lookup | - | 3 |") in report

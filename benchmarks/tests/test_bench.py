@@ -264,7 +264,7 @@ def test_method_configs():
     base = SSRConfig(max_think_tokens=100, min_think_tokens=10, draft_start=8, max_tokens=300)
     cfg = {m: M.method_config(m, base) for m in M.METHODS}
     assert cfg["plain"].enabled is False
-    assert cfg["suffix"].max_drafts == 0 and cfg["suffix"].suffix_sources == ("prompt", "thinking", "answer")
+    assert cfg["suffix"].max_drafts == 0 and cfg["suffix"].suffix_sources == ("prompt", "thinking", "answer", "history")
     assert cfg["ssr-prefix"].suffix_decoding is False and cfg["ssr-prefix"].max_drafts >= 1
     assert cfg["ssr"].suffix_decoding and "drafts" in cfg["ssr"].suffix_sources
     assert cfg["ssr-iterative"].draft_interval and cfg["ssr-iterative"].max_drafts >= 2
@@ -563,6 +563,11 @@ def test_runner_on_tiny_engine_all_methods_exact(tmp_path, tiny):
     recs = runner.load_records(path)
     assert not [r for r in recs if r.get("error")], [r.get("traceback") for r in recs if r.get("error")]
     assert len(recs) == 2 * len(M.backend_methods("transformers"))
+    # each method reads only its own earlier outputs: on the first item nothing (suffix's output of the same prompt,
+    # run just before, would be proposed whole); on the second, its own output of the first
+    ssr = [r for r in recs if r["method"] == "ssr"]
+    assert not {"history", "think:history"} & set(ssr[0]["accepted_by_source"])
+    assert len(run.histories["ssr"]) == 2 and len(run.histories["plain"]) == 0
     for r in recs:
         if r["method"] in M.EXACT:
             assert r["identical_to_plain"], (r["item"], r["method"], r["first_difference"])
