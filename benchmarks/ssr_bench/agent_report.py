@@ -84,7 +84,8 @@ def agent_section(records: list[dict[str, Any]], out: Path) -> list[str]:
              "|---" * (len(cols) + 1) + "|"]
     for m, s in summary.items():
         sources = ", ".join(f"{k} {v}" for k, v in sorted(s["accepted_by_source"].items())) or "-"
-        row = (f"{s['solved']}/{s['tasks']}" if s["solved"] is not None else "-", s["steps"], fmt(s["step_latency_median"]), fmt(s["step_latency_p90"]),
+        solved = f"{s['solved']}/{s['tasks']}" if s["solved"] is not None else "-"
+        row = (solved, s["steps"], fmt(s["step_latency_median"]), fmt(s["step_latency_p90"]),
                fmt(s["task_latency_mean"]), fmt(s["task_latency_ratio"], 3), fmt(s["passes_per_step"], 1),
                fmt(s["tokens_per_step"], 1), f"{fmt(s['reused_per_step'], 0)} of {fmt(s['prompt_per_step'], 0)}",
                sources, f"{s['identical']}/{s['compared']}" if s["compared"] else "-")
