@@ -35,7 +35,8 @@ class OutputHistory:
     def add(self, tokens: Sequence[int]) -> None:
         """Record one finished output. Past ``max_tokens`` the oldest outputs go until half the room is free, and
         the automaton is built anew (an automaton cannot forget); requests that hold the old one keep reading it."""
-        tokens = list(tokens)[-self.max_tokens // 2:] if self.max_tokens else []
+        room = self.max_tokens // 2 - 1  # one output keeps at most half the room (its tail), separator included
+        tokens = list(tokens)[max(0, len(tokens) - room):] if room > 0 else []
         if not tokens:
             return
         self._outputs.append(tokens)
@@ -43,7 +44,7 @@ class OutputHistory:
         if self._size <= self.max_tokens:
             self._append(self.automaton, tokens)
             return
-        while self._size > self.max_tokens // 2:
+        while self._size > self.max_tokens // 2:  # the newest output fits in half the room: it stays
             self._size -= len(self._outputs.popleft()) + 1
         self.automaton = Automaton(self.max_match)
         for output in self._outputs:

@@ -35,6 +35,9 @@ def test_the_history_is_bounded_and_keeps_the_newest_outputs():
     assert history._size <= 20 and len(history) >= 1
     assert sources_over(history).propose(Context(tail=[45, 46, 47]), room=16).tokens == [48, 49]
     assert sources_over(history).propose(Context(tail=[0, 1, 2]), room=16) is None  # the oldest are gone
+    history.add(list(range(100, 150)))  # longer than half the room: its tail is kept, alone
+    assert history._outputs[-1] == list(range(141, 150)) and history._size <= 20
+    assert sources_over(history).propose(Context(tail=[141, 142]), room=16).tokens == [143, 144]
     history.clear()
     assert len(history) == 0 and sources_over(history).propose(Context(tail=[45, 46]), room=16) is None
 
