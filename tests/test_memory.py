@@ -16,6 +16,7 @@ import ssr
 from ssr import SSRConfig
 from ssr.accept import Compact, Sampler
 from ssr.drafts import DraftLanes
+from ssr.history import OutputHistory
 from tiny import prompt_ids, tiny_engine
 
 # sampled, with iterative (bootstrapped, retired) drafts, draft and thinking speculation, prefix acceptance
@@ -117,6 +118,7 @@ def test_draft_distributions_peak_within_one_draft(monkeypatch):
 
 def test_memory_after_200_sampled_requests_with_drafts_is_back_to_its_start():
     engine = tiny_engine(3, attention=0.3, scale=0.6)
+    engine.history = OutputHistory(max_tokens=0)  # a cache that grows by design (bounded: test_history.py), not a leak
     seen = {"drafts": 0, "bootstrapped": 0, "prefix": 0, "draft_tokens": 0, "held_at_end": 0}
 
     def run(seeds) -> None:
