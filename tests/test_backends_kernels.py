@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ssr import SSRConfig
+from ssr.backends.kernels import KERNELS, PACKED, choose_kernels
 from ssr.backends.transformers import TransformersBackend, kernel_ranges
-from tiny import tiny_model
+from tiny import prompt_ids, tiny_engine, tiny_model
+
+needs_onednn = pytest.mark.skipif(PACKED not in KERNELS, reason="this torch build has no oneDNN CPU ops")
 
 
 def backend(seed: int = 0) -> TransformersBackend:
@@ -57,7 +61,7 @@ def test_select_kernels_ignores_noise(monkeypatch):
              "other": {1: 1.01, 2: 1.0, 3: 1.01, 4: 1.5}}
     assert backend().select_kernels(timings=noisy) == [(3, "stationary"), (None, "linear")]
     clear = {"linear": {1: 2.0, 2: 2.0}, "stationary": {1: 1.0, 2: 1.5}, "other": {1: 1.5, 2: 1.0}}
-    assert backend().select_kernels(timings=clear) == [(1, "stationary"), (2, "other"), (None, "linear")]
+    assert backend().select_kernels(timings=clear) == [(1, "stationary"), (None, "other")]  # the largest extends
 
 
 def test_two_lanes_count_rows_times_tokens():
@@ -91,5 +95,47 @@ def test_set_kernels_validates():
 def test_select_kernels_measures_on_cpu():
     b = backend()
     timings = b.time_kernels(rows=(1, 2), reps=1)
-    assert set(timings) == {"linear", "stationary"}
+    assert set(timings) == set(KERNELS)
     assert all(set(per) == {1, 2} and all(t > 0 for t in per.values()) for per in timings.values())
+
+
+def test_packed_is_chosen_only_where_it_is_fast_for_one_row_and_overall():
+    others = {"linear": {1: 1.0, 2: 2.0, 16: 3.0}, "stationary": {1: 1.1, 2: 1.2, 16: 3.5}}
+    assert choose_kernels({**others, PACKED: {1: 1.02, 2: 1.3, 16: 1.5}}) == [(None, PACKED)]  # one noisy point
+    assert choose_kernels({**others, PACKED: {1: 1.2, 2: 1.0, 16: 1.0}}) != [(None, PACKED)]  # plain would lose
+    assert choose_kernels({**others, PACKED: {1: 1.0, 2: 3.0, 16: 4.0}}) != [(None, PACKED)]  # slower overall
+
+
+@needs_onednn
+def test_packed_weights_change_only_rounding_and_stay_packed():
+    plain, packed = backend(3), backend(3)
+    packed.set_kernels([(None, PACKED)])
+    head = packed.model.get_output_embeddings()
+    assert all(m.weight is None for m in packed.model.get_decoder().modules() if isinstance(m, torch.nn.Linear))
+    embeddings = packed.model.get_input_embeddings().weight
+    assert embeddings is not None and (head.weight is None or head.weight is embeddings)  # tied: kept, shared
+    for b in (plain, packed):
+        b.lane = b.new_lane()
+    for feed in ([3, 4, 5, 6], [7], [8, 9], [10] * 7):  # fewer rows than the packing's are padded to it
+        a, c = plain.step({plain.lane: feed})[plain.lane], packed.step({packed.lane: feed})[packed.lane]
+        assert torch.allclose(a, c, atol=1e-4, rtol=1e-4)
+    assert set(packed.kernel_calls) == {PACKED}
+    with pytest.raises(ValueError):
+        packed.set_kernels([(None, "linear")])  # the plain weights are gone
+    assert packed.select_kernels() == [(None, PACKED)]  # nothing to measure the other kernels on
+
+
+@needs_onednn
+@pytest.mark.parametrize("table", [[(None, PACKED)], [(1, "stationary"), (None, "onednn")]])
+def test_ssr_matches_plain_decoding_on_chosen_kernels(table):
+    """Greedy SSR against plain decoding on the same backend with the measured kernels of this machine's kinds."""
+    engine = tiny_engine(1, attention=0.4, scale=0.5)
+    engine.backend.set_kernels(table)
+    cfg = dict(max_think_tokens=12, max_tokens=48, max_draft_tokens=24, draft_start=1)
+    for prompt in ("abc\nde", "hhh", "xyz"):
+        engine.history.clear()
+        plain = engine.generate(prompt_ids(prompt), config=SSRConfig(enabled=False, **cfg))
+        ssr = engine.generate(prompt_ids(prompt), config=SSRConfig(**cfg))
+        assert ssr.token_ids == plain.token_ids, prompt
+        assert ssr.stats["forward_passes"] <= plain.stats["forward_passes"]
+    assert set(engine.backend.kernel_calls) == {k for _, k in table}

@@ -47,6 +47,9 @@ def live_tensors() -> tuple[int, int, int]:
             compacts += 1
         elif issubclass(type(obj), torch.Tensor):  # type(): no proxy's __class__ is asked
             tensors += 1
+            if obj.is_mkldnn:  # a packed weight (kernel "packed"): an opaque tensor without a storage to ask
+                storages[("mkldnn", id(obj))] = obj.numel() * obj.element_size()
+                continue
             storage = obj.untyped_storage()
             storages[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
     return tensors, sum(storages.values()), compacts

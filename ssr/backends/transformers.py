@@ -32,7 +32,16 @@ import torch
 
 from . import lane_attention
 from .base import Backend, Lane, rows_wanted, stop_token_ids
-from .kernels import DEFAULT_KERNELS, SELECT_ROWS, KernelChoice, choose_kernels, kernel_ranges, time_kernels
+from .kernels import (
+    DEFAULT_KERNELS,
+    PACKED,
+    SELECT_ROWS,
+    KernelChoice,
+    choose_kernels,
+    kernel_ranges,
+    pack,
+    time_kernels,
+)
 from .kv_cache import BufferedCache
 
 __all__ = ["TransformersBackend", "BufferedCache", "kernel_ranges"]
@@ -47,7 +56,7 @@ class _Lane(Lane):
 
 
 class TransformersBackend(Backend[_Lane]):
-    cost_version = "lane-attention"  # part of the cost table's cache key: tables measured before it are stale
+    cost_version = "onednn-kernels"  # part of the cost table's cache key: tables measured before it are stale
     min_shared = 16  # a new request forks a live lane sharing this much of its prompt (its system prompt)
 
     def __init__(self, model, model_name: str, eos_token_ids, pad_token_id: int) -> None:
@@ -100,10 +109,30 @@ class TransformersBackend(Backend[_Lane]):
         return self._choice.calls
 
     def set_kernels(self, table) -> None:
-        """Use ``table`` (ascending ``(max_rows, kernel)`` ranges, the last ``(None, kernel)``) from now on."""
+        """Use ``table`` (ascending ``(max_rows, kernel)`` ranges, the last ``(None, kernel)``) from now on. The
+        packed kernel packs every linear weight, once and for good: a layer keeps only its packed copy (memory
+        stays the same), except a weight shared with the embeddings (tied), which keeps both."""
         table = [(None if m is None else int(m), str(k)) for m, k in table]
+        if self._packed and table != [(None, PACKED)]:
+            raise ValueError(f"kernel table {table!r}: this model's linear weights are packed; only "
+                             f"[(None, {PACKED!r})] can run them")
         self._choice.set(table)
+        if table == [(None, PACKED)] and not self._packed:
+            self._pack_linear_weights()
         self.kernels = table
+
+    @property
+    def _packed(self) -> bool:
+        return self.kernels == [(None, PACKED)]
+
+    @torch.no_grad()
+    def _pack_linear_weights(self) -> None:
+        embeddings = self.model.get_input_embeddings().weight
+        for layer in self.model.modules():
+            if isinstance(layer, torch.nn.Linear):
+                layer.packed_weight = pack(layer.weight)
+                if layer.weight is not embeddings:
+                    layer.weight = None  # type: ignore[assignment]  # freed: only the packed copy runs
 
     def select_kernels(self, timings: dict[str, dict[int, float]] | None = None, rows=SELECT_ROWS, reps: int = 3,
                        progress: bool = False, margin: float = 0.05) -> list[tuple[int | None, str]]:
@@ -115,7 +144,7 @@ class TransformersBackend(Backend[_Lane]):
         nothing is measured.
         """
         if timings is None:
-            if self.device.type != "cpu":
+            if self.device.type != "cpu" or self._packed:  # packed weights cannot run the other kernels
                 return list(self.kernels)
             timings = self.time_kernels(rows, reps, progress)
         self.set_kernels(choose_kernels(timings, margin))
