@@ -123,6 +123,8 @@ def test_packed_weights_change_only_rounding_and_stay_packed():
     with pytest.raises(ValueError):
         packed.set_kernels([(None, "linear")])  # the plain weights are gone
     assert packed.select_kernels() == [(None, PACKED)]  # nothing to measure the other kernels on
+    with pytest.raises(ValueError):
+        packed.time_kernels(rows=(1,), reps=1)
 
 
 @needs_onednn

@@ -152,6 +152,9 @@ class TransformersBackend(Backend[_Lane]):
 
     def time_kernels(self, rows=SELECT_ROWS, reps: int = 3, progress: bool = False) -> dict[str, dict[int, float]]:
         """Seconds per forward pass spent in this model's linear layers, per kernel and row count."""
+        if self._packed:
+            raise ValueError("time_kernels: this model's linear weights are packed; the other kernels have no "
+                             "weights to run on (time a freshly loaded model)")
         return time_kernels(self.model, self.dtype, rows, reps, progress)
 
     # -- counters for tests and benchmarks --------------------------------------------------------------------------
