@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -266,15 +267,32 @@ _FENCED = re.compile(r"```[\w-]*\s*\n(.*?)```", re.DOTALL)  # any fence language
 class ToolCallParse:
     content: str  # the text with tool-call markup removed
     tool_calls: list[dict[str, Any]]  # {"id", "name", "arguments": dict}
-    invalid_tool_calls: list[dict[str, Any]]  # {"id", "name", "args": str, "error": str}
+    # {"id", "name", "args": str, "error": str}, and "arguments" (a dict) where the call itself is well formed but
+    # names an unknown tool or fails its tool's schema: frameworks hand such calls to their tool executor, whose
+    # error the model then reads (LangChain's ToolNode, LlamaIndex's agents), as they do with any provider's
+    invalid_tool_calls: list[dict[str, Any]]
 
 
-def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParse:
+def call_id(seed: str | None, key: str) -> str:
+    """A tool call's id: derived from ``seed`` (the engine passes a digest of the request's prompt) and the call's
+    place, so the same request gives the same ids, run after run and method after method (an agent loop's next prompt
+    holds them: LangChain quotes an unparsed call's id back to the model); random where there is no seed."""
+    if seed is None:
+        return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{hashlib.sha256(f'{seed}:{key}'.encode()).hexdigest()[:24]}"
+
+
+def prompt_seed(prompt_ids: list[int]) -> str:
+    """The digest of a request's prompt that its tool-call ids derive from (each turn of a conversation differs)."""
+    return hashlib.sha256(",".join(map(str, prompt_ids)).encode()).hexdigest()
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None, id_seed: str | None = None) -> ToolCallParse:
     """Tool calls in the Hermes/Qwen format (``<tool_call>{json}</tool_call>``), or, when tools are bound and no tag
     is present, a JSON object with "name" and "arguments" in a code fence or as the whole answer.
 
     Never raises: malformed JSON, unknown tool names and arguments that miss required parameters become invalid
-    tool calls carrying the error.
+    tool calls carrying the error. Ids: ``call_id(id_seed, ...)``.
     """
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     spans = [(m.start(), m.end(), m.group(1)) for m in _TAGGED.finditer(text)]
@@ -284,8 +302,8 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> To
             spans = [(0, len(text), text)]
     calls: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
-    for _, _, body in spans:
-        call, error = _parse_one(body.strip(), schemas if tools else None)
+    for i, (_, _, body) in enumerate(spans):
+        call, error = _parse_one(body.strip(), schemas if tools else None, call_id(id_seed, f"parse:{i}"))
         if error:
             invalid.append(error)
         elif call is not None:  # one of the two is None
@@ -300,11 +318,10 @@ def _looks_like_call(body: str) -> bool:
     return body.lstrip().startswith("{") and '"name"' in body
 
 
-def _parse_one(body: str, schemas: dict[str, dict] | None) -> tuple[dict | None, dict | None]:
-    call_id = f"call_{uuid.uuid4().hex[:24]}"
-
-    def bad(name, error):
-        return None, {"id": call_id, "name": name, "args": body, "error": error}
+def _parse_one(body: str, schemas: dict[str, dict] | None, id: str) -> tuple[dict | None, dict | None]:
+    def bad(name, error, arguments=None):
+        parsed = {} if arguments is None else {"arguments": arguments}
+        return None, {"id": id, "name": name, "args": body, "error": error, **parsed}
 
     try:
         data = json.loads(body)
@@ -325,11 +342,11 @@ def _parse_one(body: str, schemas: dict[str, dict] | None) -> tuple[dict | None,
         return bad(name, "tool-call arguments must be a JSON object")
     if schemas is not None:
         if name not in schemas:
-            return bad(name, f"unknown tool {name!r}; bound tools: {sorted(schemas)}")
+            return bad(name, f"unknown tool {name!r}; bound tools: {sorted(schemas)}", args)
         problem = check_arguments(args, schemas[name])
         if problem:
-            return bad(name, problem)
-    return {"id": call_id, "name": name, "arguments": args}, None
+            return bad(name, problem, args)
+    return {"id": id, "name": name, "arguments": args}, None
 
 
 def check_arguments(args: dict[str, Any], schema: dict[str, Any]) -> str | None:

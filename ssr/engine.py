@@ -10,7 +10,16 @@ import threading
 from typing import AsyncIterator, Iterator
 
 from .backends import choose_backend, load_backend
-from .chat import ChatFamily, Prompt, ToolCallParse, detect_family, encode_prompt, resolve_thinking, tool_call_opening
+from .chat import (
+    ChatFamily,
+    Prompt,
+    ToolCallParse,
+    detect_family,
+    encode_prompt,
+    prompt_seed,
+    resolve_thinking,
+    tool_call_opening,
+)
 from .config import SSRConfig
 from .costs import CostTable
 from .decode import Decoding
@@ -179,7 +188,9 @@ class SSREngine:
         frees its lanes before the next pass."""
         request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
                                 response_format=response_format, **overrides)
-        calls = ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close) if tools else None
+        id_seed = prompt_seed(request.prompt_ids)  # the same request gets the same call ids
+        calls = (ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close, id_seed)
+                 if tools else None)
         job = self.scheduler.submit(request, timeout)
         try:
             for kind, text in job.results():
@@ -189,7 +200,7 @@ class SSREngine:
                     yield StreamEvent(kind, text)
         finally:
             request.cancel.set()  # a no-op once it has ended; a caller that stops reading cancels it
-        parsed = request.transcript.tool_calls(tools) if tools else None  # in the family's call format
+        parsed = request.transcript.tool_calls(tools, id_seed) if tools else None  # in the family's call format
         if calls is not None and parsed is not None:  # both exist exactly when tools are bound
             yield from _events(calls.finish(parsed))  # also gives the parsed calls their streamed ids
         yield StreamEvent("done", result=self._result(request, parsed, job.queue_seconds))

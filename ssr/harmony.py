@@ -89,11 +89,13 @@ class HarmonyParse:
     invalid_tool_calls: list[dict[str, Any]]  # {"id", "name", "args": str, "error": str}
 
 
-def parse(text: str, tools: list[dict[str, Any]] | None = None) -> HarmonyParse:
+def parse(text: str, tools: list[dict[str, Any]] | None = None, id_seed: str | None = None) -> HarmonyParse:
     """Reasoning, content and tool calls of assistant harmony text that starts at a message header (``<|start|>``)
     or inside one (after ``<|start|>assistant``). An unfinished last message counts with what it has so far, and
     text the format cannot read (a random model's) ends the parse there: this never raises, so streams can show it."""
     from openai_harmony import HarmonyError, Role, StreamableParser
+
+    from .chat import call_id  # chat imports this module
 
     enc = encoding()
     parser = StreamableParser(enc, None if text.startswith(START) else Role.ASSISTANT, strict=False)
@@ -114,9 +116,10 @@ def parse(text: str, tools: list[dict[str, Any]] | None = None) -> HarmonyParse:
     content: list[str] = []
     calls: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
-    for channel, recipient, body in pieces:
+    for i, (channel, recipient, body) in enumerate(pieces):
         if recipient and recipient.startswith("functions."):
-            call, error = _call(recipient.removeprefix("functions."), body, schemas if tools else None)
+            call, error = _call(recipient.removeprefix("functions."), body, schemas if tools else None,
+                                call_id(id_seed, f"parse:{i}"))
             if error is not None:
                 invalid.append(error)
             elif call is not None:  # one of the two is None
@@ -128,9 +131,9 @@ def parse(text: str, tools: list[dict[str, Any]] | None = None) -> HarmonyParse:
     return HarmonyParse("\n".join(reasoning).strip(), "\n".join(content).strip(), calls, invalid)
 
 
-def _call(name: str, arguments: str, schemas: dict[str, dict] | None) -> tuple[dict | None, dict | None]:
+def _call(name: str, arguments: str, schemas: dict[str, dict] | None, id: str) -> tuple[dict | None, dict | None]:
     """One commentary call, judged exactly as a Hermes call is (``ssr.chat``): its name and arguments as that
     format's JSON object, so malformed arguments, unknown tools and schema errors read the same in both."""
     from .chat import _parse_one
 
-    return _parse_one(f'{{"name": {json.dumps(name)}, "arguments": {arguments.strip() or "{}"}}}', schemas)
+    return _parse_one(f'{{"name": {json.dumps(name)}, "arguments": {arguments.strip() or "{}"}}}', schemas, id)

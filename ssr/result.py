@@ -21,12 +21,26 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string), "length" (max_tokens) or "tool_calls"
     stats: dict[str, Any]
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "arguments": dict}
-    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "args": str, "error"}
+    # {"id", "name", "args": str, "error"}, and "arguments" where the call is well formed (``ssr.chat.ToolCallParse``)
+    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     content: str | None = None  # the answer with tool-call markup removed (equals ``answer`` without tools)
 
     @property
     def reasoning_tokens(self) -> int:
         return self.stats["think_tokens"]
+
+    @property
+    def executable_tool_calls(self) -> list[dict[str, Any]]:
+        """What an agent framework's tool executor gets: the valid calls, then the well-formed ones that name an
+        unknown tool or miss its schema. As with any provider, the executor rejects those with an error the model
+        reads on its next turn (LangChain's ToolNode, LlamaIndex's agents), so the loop goes on."""
+        return self.tool_calls + [{k: c[k] for k in ("id", "name", "arguments")}
+                                  for c in self.invalid_tool_calls if "arguments" in c]
+
+    @property
+    def unparsed_tool_calls(self) -> list[dict[str, Any]]:
+        """The invalid calls that did not parse (malformed JSON, not an object): no executor can run them."""
+        return [c for c in self.invalid_tool_calls if "arguments" not in c]
 
     @property
     def completion_tokens(self) -> int:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
-from .chat import _FENCED, ToolCallParse, _looks_like_call, _parse_one
+from .chat import _FENCED, ToolCallParse, _looks_like_call, _parse_one, call_id
 
 __all__ = ["ToolCallDelta", "ToolCallStream"]
 
@@ -50,8 +49,10 @@ class ToolCallStream:
     ``open_tag``/``close_tag`` must be the tags the final parse reads (``parse_tool_calls`` reads the defaults).
     """
 
-    def __init__(self, tools: list[dict] | None, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"):
+    def __init__(self, tools: list[dict] | None, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>",
+                 id_seed: str | None = None):
         self._tools = tools
+        self._id_seed = id_seed  # the streamed calls' ids: ``ssr.chat.call_id``
         self._open, self._close = open_tag, close_tag
         self._pending = ""  # the text's undecided tail: a possible start of the tag looked for next
         self._call: _Call | None = None  # the call being read, None outside calls
@@ -183,7 +184,7 @@ class ToolCallStream:
         if call.index is None:
             if call.scan.name is None:
                 return  # nothing is announced before the name: the arguments wait in the scanner
-            call.index, call.id = len(self._ids), f"call_{uuid.uuid4().hex[:24]}"
+            call.index, call.id = len(self._ids), call_id(self._id_seed, f"stream:{len(self._ids)}")
             self._ids.append(call.id)
             out.append(("tool_call", ToolCallDelta(call.index, call.id, call.scan.name, call.scan.take())))
         else:
@@ -197,7 +198,7 @@ class ToolCallStream:
         the counts disagree (``parsed`` is not of this text), nothing is changed."""
         tools = self._tools
         schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
-        verdicts = [_parse_one("".join(c.body).strip(), schemas if tools else None)[1] is None for c in self._calls]
+        verdicts = [_parse_one("".join(c.body).strip(), schemas if tools else None, "")[1] is None for c in self._calls]
         if sum(verdicts) != len(parsed.tool_calls) or verdicts.count(False) != len(parsed.invalid_tool_calls):
             return
         valid, invalid = iter(parsed.tool_calls), iter(parsed.invalid_tool_calls)

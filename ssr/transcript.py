@@ -273,11 +273,11 @@ class Transcript:
             return self._harmony(raw).content
         return raw.lstrip()
 
-    def tool_calls(self, tools: list[dict] | None) -> ToolCallParse:
+    def tool_calls(self, tools: list[dict] | None, id_seed: str | None = None) -> ToolCallParse:
         """The answer's tool calls, in the family's format (harmony: commentary messages to ``functions.NAME``)."""
         if not self.family.harmony:
-            return parse_tool_calls(self.answer(), tools)
-        parsed = harmony.parse(self._head + self.raw_answer(), tools)
+            return parse_tool_calls(self.answer(), tools, id_seed)
+        parsed = harmony.parse(self._head + self.raw_answer(), tools, id_seed)
         return ToolCallParse(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls)
 
     def _harmony(self, raw: str) -> harmony.HarmonyParse:

@@ -46,9 +46,22 @@ def test_bad_calls_become_invalid_never_raise():
     enum = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "X", "unit": "k"}}'
                             '</tool_call>', TOOLS)
     assert "one of" in enum.invalid_tool_calls[0]["error"]
+    # a well-formed call keeps its parsed arguments (frameworks hand it to their tool executor); malformed JSON has none
+    assert [c.invalid_tool_calls[0].get("arguments") for c in (truncated, unknown, missing, wrong)] == \
+        [None, {}, {"unit": "c"}, {"city": 3}]
 
 
 def test_echoed_tool_definition_is_not_a_call():
     echo = '{"name": "get_time", "description": "d", "parameters": {"type": "object", "properties": {}}}'
     parsed = parse_tool_calls(echo, TOOLS)
     assert not parsed.tool_calls and "definition" in parsed.invalid_tool_calls[0]["error"]
+
+
+def test_call_ids_derive_from_the_seed():
+    # the engine seeds with its prompt's digest: the same request gets the same ids (an agent's next prompt holds them)
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Lima"}}</tool_call>\n'
+            '<tool_call>{"name": "launch", "arguments": {}}</tool_call>')
+    ids = [[c["id"] for c in p.tool_calls + p.invalid_tool_calls]
+           for p in (parse_tool_calls(text, TOOLS, id_seed=s) for s in ("a", "a", "b", None, None))]
+    assert ids[0] == ids[1] and len(set(ids[0])) == 2 and all(i.startswith("call_") and len(i) == 29 for i in ids[0])
+    assert not set(ids[0]) & set(ids[2]) and ids[3] != ids[4]  # another prompt, or no seed: other ids

@@ -141,9 +141,18 @@ def openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
 
 
+def chat_finish_reason(result) -> str:
+    """The engine's reason, "tool_calls" wherever the message carries calls (``executable_tool_calls``)."""
+    return "tool_calls" if result.finish_reason == "stop" and result.executable_tool_calls else result.finish_reason
+
+
 def chat_response(result, *, id: str, created: int, model: str, parallel_tool_calls: bool = True,
                   return_token_ids: bool = False) -> dict[str, Any]:
-    calls = result.tool_calls if parallel_tool_calls else result.tool_calls[:1]
+    """The message's calls are the well-formed ones, as vLLM's and OpenAI's carry whatever the model called: a call
+    naming an unknown tool or missing its schema is the client's tool executor's to reject (the engine's reason is in
+    ``ssr.invalid_tool_calls``), as the stream's tool-call deltas already carry it."""
+    executable = result.executable_tool_calls
+    calls = executable if parallel_tool_calls else executable[:1]
     content = result.content if result.content is not None else result.answer
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if result.reasoning:
@@ -151,7 +160,8 @@ def chat_response(result, *, id: str, created: int, model: str, parallel_tool_ca
     if calls:
         message["tool_calls"] = [openai_tool_call(c) for c in calls]
     return {"id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": chat_finish_reason(result)}],
             "usage": usage(result), "ssr": ssr_extension(result, return_token_ids)}
 
 
@@ -222,7 +232,7 @@ class ChatChunks:
         content = result.content if result.content is not None else result.answer
         if content.startswith(self.text) and content != self.text:
             out.append(self._chunk({"content": content[len(self.text):]}))
-        out.append(self._chunk({}, result.finish_reason, ssr=ssr_extension(result, self.return_token_ids)))
+        out.append(self._chunk({}, chat_finish_reason(result), ssr=ssr_extension(result, self.return_token_ids)))
         if self.include_usage:
             out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                         "choices": [], "usage": usage(result)})

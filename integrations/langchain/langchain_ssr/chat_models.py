@@ -718,8 +718,12 @@ def _usage(res: Any) -> UsageMetadata:
 
 
 def _response_metadata(res: Any, model_name: str) -> dict[str, Any]:
+    """``tool_call_errors``: what the engine found wrong with the well-formed calls that still go out as tool calls
+    (``GenerationResult.executable_tool_calls``: the tool executor rejects them, the model reads why)."""
+    errors = [{"id": c.get("id"), "name": c["name"], "error": c.get("error")}
+              for c in res.invalid_tool_calls if "arguments" in c]
     return {"model_name": model_name, "model_provider": PROVIDER, "finish_reason": res.finish_reason,
-            "token_ids": list(res.token_ids), "ssr": res.stats}
+            "token_ids": list(res.token_ids), "ssr": res.stats, **({"tool_call_errors": errors} if errors else {})}
 
 
 def _content(res: Any) -> str:
@@ -730,9 +734,10 @@ def _chat_result(res: Any, model_name: str) -> ChatResult:
     message = AIMessage(
         content=_content(res),
         additional_kwargs={"reasoning_content": res.reasoning} if res.reasoning else {},
-        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c.get("id")) for c in res.tool_calls],
+        tool_calls=[tool_call(name=c["name"], args=c["arguments"], id=c.get("id"))
+                    for c in res.executable_tool_calls],
         invalid_tool_calls=[invalid_tool_call(name=c.get("name"), args=_raw_arguments(c.get("args")), id=c.get("id"),
-                                              error=c.get("error")) for c in res.invalid_tool_calls],
+                                              error=c.get("error")) for c in res.unparsed_tool_calls],
         usage_metadata=_usage(res),
         response_metadata=_response_metadata(res, model_name),
     )
@@ -802,8 +807,9 @@ class _StreamAssembler:
                 yield self._chunk("text", rest)
         else:  # not expected: the engine's streamed answer and its final content disagree
             warnings.warn("ChatSSR: streamed answer text is not a prefix of the final content", stacklevel=2)
-        calls = [(c.get("id"), c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in res.tool_calls]
-        calls += [(c.get("id"), c.get("name"), _raw_arguments(c.get("args"))) for c in res.invalid_tool_calls]
+        calls = [(c.get("id"), c["name"], json.dumps(c["arguments"], ensure_ascii=False))
+                 for c in res.executable_tool_calls]
+        calls += [(c.get("id"), c.get("name"), _raw_arguments(c.get("args"))) for c in res.unparsed_tool_calls]
         first = self.blocks + len(self.call_index)
         for i, (call_id, name, args) in enumerate(c for c in calls if c[0] not in self.streamed_ids):
             yield self._call_chunk(call_id, name, args, first + i)

@@ -250,20 +250,40 @@ def test_truncated_tool_call_json_is_invalid_not_an_error(engine):
     assert msg.content == ""
 
 
-def test_unknown_tool_name_is_invalid(engine):
+def test_unknown_tool_name_is_a_call_the_tool_node_rejects(engine):
+    # as with ChatOpenAI: a well-formed call goes to the executor, whose error the model reads on the next turn
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
     answer = _call("get_stock_price", ticker="ACME")
     msg = scripted(engine, answer, ssr_config=FREE_CALLS).bind_tools([get_weather]).invoke("ACME price?")
-    assert msg.tool_calls == []
-    [bad] = msg.invalid_tool_calls
-    assert bad["name"] == "get_stock_price" and "unknown tool" in bad["error"]
-    assert json.loads(bad["args"]) == {"ticker": "ACME"}
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [("get_stock_price", {"ticker": "ACME"})]
+    assert msg.invalid_tool_calls == []
+    [error] = msg.response_metadata["tool_call_errors"]
+    assert error["id"] == msg.tool_calls[0]["id"] and "unknown tool" in error["error"]
+    graph = StateGraph(MessagesState)  # the tool step of an agent graph (create_agent's), alone
+    graph.add_node("tools", ToolNode([get_weather]))
+    graph.add_edge(START, "tools")
+    graph.add_edge("tools", END)
+    [_, reply] = graph.compile().invoke({"messages": [msg]})["messages"]
+    assert reply.tool_call_id == msg.tool_calls[0]["id"] and reply.status == "error"
+    assert "get_stock_price is not a valid tool" in reply.content
 
 
-def test_arguments_failing_the_schema_are_invalid(engine):
+def test_call_ids_are_the_same_for_the_same_request(engine):
+    # an agent's next prompt quotes ids back (create_agent's reply to an unparsed call): reruns must see the same
+    llm = scripted(engine, _call("get_weather", city="Paris")).bind_tools([get_weather])
+    first, again, other = llm.invoke("Weather?"), llm.invoke("Weather?"), llm.invoke("Weather in Paris?")
+    streamed = collect(llm.stream("Weather?"))
+    assert first.tool_calls[0]["id"] == again.tool_calls[0]["id"] == streamed.tool_calls[0]["id"]
+    assert other.tool_calls[0]["id"] != first.tool_calls[0]["id"]
+
+
+def test_arguments_failing_the_schema_are_calls_with_the_schema_errors(engine):
     answer = _call("get_weather", town="Paris") + "\n" + _call("get_weather", city=7)
     msg = scripted(engine, answer, ssr_config=FREE_CALLS).bind_tools([get_weather]).invoke("Weather?")
-    assert msg.tool_calls == []
-    errors = [c["error"] for c in msg.invalid_tool_calls]
+    assert [c["args"] for c in msg.tool_calls] == [{"town": "Paris"}, {"city": 7}] and msg.invalid_tool_calls == []
+    errors = [e["error"] for e in msg.response_metadata["tool_call_errors"]]
     assert "'city' is a required property" in errors[0] and "7 is not of type 'string'" in errors[1]
 
 
@@ -274,10 +294,11 @@ def test_call_that_is_not_an_object_is_invalid(engine):
 
 
 def test_valid_and_invalid_calls_together(engine):
-    answer = _call("get_weather", city="Paris") + "\n" + _call("nope")
+    unparsed = '<tool_call>\n{"name": "nope", "arguments": {"x": 1}\n</tool_call>'  # a brace short
+    answer = _call("get_weather", city="Paris") + "\n" + unparsed
     msg = scripted(engine, answer, ssr_config=FREE_CALLS).bind_tools([get_weather]).invoke("Weather?")
     assert [c["name"] for c in msg.tool_calls] == ["get_weather"]
-    assert [c["name"] for c in msg.invalid_tool_calls] == ["nope"]
+    assert [c["name"] for c in msg.invalid_tool_calls] == ["nope"] and "tool_call_errors" not in msg.response_metadata
 
 
 def test_without_bound_tools_markup_stays_text(engine):
@@ -381,10 +402,9 @@ def test_stream_tool_calls_merge_like_invoke(engine, output_version):
     chunks = list(llm.stream("Weather and time?"))
     assert not any("<tool_call>" in c.text or "```" in c.text for c in chunks)  # markup never streams as text
     streamed = collect(chunks)
-    # (tool-call ids are new on every run)
-    assert without_index(streamed.content, ("index", "id")) == without_index(invoked.content, ("id",))
+    assert without_index(streamed.content, ("index",)) == without_index(invoked.content, ())
     assert streamed.text == "Let me check."
-    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(c["name"], c["args"]) for c in invoked.tool_calls]
+    assert streamed.tool_calls == invoked.tool_calls  # ids too: they derive from the request
     assert all(c["id"] for c in streamed.tool_calls)
     assert streamed.usage_metadata == invoked.usage_metadata
     assert comparable_metadata(streamed) == comparable_metadata(invoked)
@@ -405,16 +425,18 @@ def test_stream_text_before_a_call_arrives_before_the_call(engine):
     assert "".join(c.text for c in chunks) == "Checking the weather for you now."
 
 
-def test_stream_invalid_calls_arrive_as_raw_tool_call_chunks(engine):
-    # LangChain re-parses tool_call_chunks when chunks are added, like for any provider: arguments that parse
-    # become a tool call (the tool executor then rejects the unknown name); the invalid list needs invoke.
+def test_stream_unknown_tool_calls_arrive_as_tool_call_chunks(engine):
+    # the aggregate equals invoke: a tool call the executor rejects, the engine's reason in the metadata
     llm = scripted(engine, _call("nope", x=1), ssr_config=FREE_CALLS).bind_tools([get_weather])
     invoked = llm.invoke("hi")
     streamed = collect(llm.stream("hi"))
     [tcc] = streamed.tool_call_chunks  # the fragments, merged by index
     assert tcc["name"] == "nope" and json.loads(tcc["args"]) == {"x": 1}
     assert tcc["id"].startswith("call_")
-    assert invoked.invalid_tool_calls[0]["name"] == "nope"
+    calls = [[(c["name"], c["args"]) for c in m.tool_calls] for m in (streamed, invoked)]
+    assert calls[0] == calls[1]
+    assert invoked.tool_calls[0]["name"] == "nope" and streamed.invalid_tool_calls == invoked.invalid_tool_calls == []
+    assert "unknown tool" in streamed.response_metadata["tool_call_errors"][0]["error"]
 
 
 async def test_astream_and_ainvoke_equal_invoke(engine):

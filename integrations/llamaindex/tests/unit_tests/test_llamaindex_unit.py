@@ -320,6 +320,30 @@ async def test_function_agent_over_scripted_engine_streams_thinking():
     assert "".join(thinking).count("That is 42.") == 2
 
 
+async def test_function_agent_answers_an_unknown_tool_name_and_goes_on():
+    # a well-formed call with a made-up name is a ToolCallBlock: the agent answers it with its own error (as for any
+    # LLM), the model reads that and calls the right tool; the engine's reason stays in additional_kwargs
+    from llama_index.core.agent.workflow import FunctionAgent
+
+    class Retry(FakeEngine):
+        def _result(self, prompt, kwargs):
+            results = [m["content"] for m in prompt if m["role"] == "tool"]
+            self.answer = ("It is 42." if len(results) == 2 else TOOL_ANSWER if results
+                           else TOOL_ANSWER.replace('"multiply"', '"multiplie"'))
+            return super()._result(prompt, kwargs)
+
+    engine = Retry()
+    first = SSR(engine=engine).chat_with_tools([MULTIPLY], user_msg="What is 6 times 7?")
+    [block] = [b for b in first.message.blocks if isinstance(b, ToolCallBlock)]
+    assert (block.tool_name, block.tool_kwargs) == ("multiplie", {"a": 6, "b": 7})
+    assert "unknown tool" in first.message.additional_kwargs["invalid_tool_calls"][0]["error"]
+    engine = Retry()
+    result = await FunctionAgent(tools=[MULTIPLY], llm=SSR(engine=engine), streaming=False).run("What is 6 times 7?")
+    assert str(result) == "It is 42."
+    tool_results = [m["content"] for m in engine.calls[-1][0] if m["role"] == "tool"]
+    assert "Tool multiplie not found" in tool_results[0] and tool_results[1] == "42"
+
+
 def test_close_frees_the_loaded_engine_and_the_next_call_loads_again(monkeypatch):
     import ssr
     from tiny import tiny_engine

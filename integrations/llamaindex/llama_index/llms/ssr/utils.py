@@ -185,7 +185,9 @@ def build_message(
     """An assistant message: ThinkingBlock (if any reasoning), TextBlock, then one ToolCallBlock per call.
 
     ``tool_calls`` are the engine's ``{"id", "name", "arguments"}`` dicts (``id`` None while a call is still being
-    streamed).
+    streamed): the valid calls and the well-formed ones the engine flagged (an unknown tool, arguments that miss the
+    schema), which a FunctionAgent answers with its error, as it does for any LLM. ``invalid_tool_calls`` (every
+    flagged call, with the engine's error) go to ``additional_kwargs``.
     """
     blocks: List[Any] = []
     if reasoning:
@@ -204,7 +206,7 @@ def build_message(
 def chat_response_from_result(result: Any, model_name: Optional[str] = None) -> ChatResponse:
     """A complete ChatResponse for a finished generation."""
     content = result.content if result.content is not None else result.answer
-    message = build_message(result.reasoning, content, result.tool_calls,
+    message = build_message(result.reasoning, content, result.executable_tool_calls,
                             think_tokens=(result.stats or {}).get("think_tokens"),
                             invalid_tool_calls=result.invalid_tool_calls)
     usage = usage_of(result)
