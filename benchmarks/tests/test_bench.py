@@ -369,8 +369,10 @@ def test_runner_interleaves_and_resumes(tmp_path, fake_items):
     eng = FakeEngine()
     path = _run(tmp_path, eng)
     recs = runner.load_records(path)
-    assert [(r["item"], r["method"]) for r in recs] == [
-        (f"t/{i}", m) for i in range(3) for m in ("plain", "suffix", "ssr", "prompt-lookup")]
+    assert [(r["item"], r["method"]) for r in recs] == [  # plain first, the others rotated per item
+        ("t/0", "plain"), ("t/0", "suffix"), ("t/0", "ssr"), ("t/0", "prompt-lookup"),
+        ("t/1", "plain"), ("t/1", "ssr"), ("t/1", "prompt-lookup"), ("t/1", "suffix"),
+        ("t/2", "plain"), ("t/2", "prompt-lookup"), ("t/2", "suffix"), ("t/2", "ssr")]
     assert all(r["identical_to_plain"] for r in recs if r["method"] != "prompt-lookup")
     assert eng.backend.released == len(recs)  # every method started from an empty prompt cache
     pl = [r for r in recs if r["method"] == "prompt-lookup"]
@@ -387,9 +389,16 @@ def test_runner_interleaves_and_resumes(tmp_path, fake_items):
     path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
     eng3 = FakeEngine()
     _run(tmp_path, eng3)
-    assert len(eng3.calls) == 0  # prompt-lookup bypasses the engine's stream
+    assert len(eng3.calls) == 1  # the torn pair, ssr
     recs = runner.load_records(path)
-    assert len(recs) == 12 and (recs[-1]["item"], recs[-1]["method"]) == ("t/2", "prompt-lookup")
+    assert len(recs) == 12 and (recs[-1]["item"], recs[-1]["method"]) == ("t/2", "ssr")
+
+
+def test_method_order_keeps_plain_first_and_rotates_the_rest():
+    methods = ["plain", "suffix", "ssr"]
+    assert [runner.method_order(methods, i) for i in range(3)] == [
+        ["plain", "suffix", "ssr"], ["plain", "ssr", "suffix"], ["plain", "suffix", "ssr"]]
+    assert runner.method_order(["plain"], 5) == ["plain"] and runner.method_order(["ssr"], 1) == ["ssr"]
 
 
 def test_runner_runs_only_new_items(tmp_path, fake_items):
