@@ -38,8 +38,8 @@ def test_vllm_peers_side_by_side(tmp_path, vllm_engine, two_items):
     path = runner.run_bench(run, engine=vllm_engine)
     recs = runner.load_records(path)
     assert not [r for r in recs if r.get("error")], [r.get("traceback") or r.get("error") for r in recs]
-    assert [(r["item"], r["method"]) for r in recs] == [
-        (f"q/{i}", m) for i in range(2) for m in ["plain", "ssr"] + PEERS]  # interleaved per item
+    assert [(r["item"], r["method"]) for r in recs] == [  # interleaved per item, the order after plain rotating
+        (f"q/{i}", m) for i in range(2) for m in runner.method_order(["plain", "ssr"] + PEERS, i)]
     plain = {r["item"]: r for r in recs if r["method"] == "plain"}
     for r in recs:
         if r["method"] == "ssr":
