@@ -188,7 +188,7 @@ class SSREngine:
         frees its lanes before the next pass."""
         request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
                                 response_format=response_format, **overrides)
-        id_seed = prompt_seed(request.prompt_ids)  # the same request gets the same call ids
+        id_seed = prompt_seed(request.prompt_ids) if tools else None  # the same request gets the same call ids
         calls = (ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close, id_seed)
                  if tools else None)
         job = self.scheduler.submit(request, timeout)
