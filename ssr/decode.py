@@ -119,9 +119,11 @@ class Decoding:
                     raise Cancelled("request cancelled")
                 status = yield from (self._think_step() if self.transcript.thinking else self._answer_step())
                 yield from self._deltas()
-            drafts = self.drafts.all
-            self.policy.counts.record_drafts(sum(len(d.tokens) for d in drafts),
-                                             sum(d.accepted_prefix + d.accepted_suffix for d in drafts))
+            drafts, counts = self.drafts.all, self.policy.counts
+            if self.transcript.think_tokens:
+                counts.record_think(self.transcript.think_tokens)
+            counts.record_drafts(sum(len(d.tokens) for d in drafts),
+                                 sum(d.accepted_prefix + d.accepted_suffix for d in drafts))
         finally:
             self.drafts.drop_probs()
             self.drafts.retire_all()
@@ -282,11 +284,14 @@ class Decoding:
         replacing = len(self.drafts.live) >= self.config.max_drafts
         rows = 1 + len(self.drafts.live) - replacing
         t = self.transcript
-        if not self.policy.fork_pays(rows, think_speculation=self.config.think_speculation, shared=self.shared):
+        pending = t.tokens[self.synced:]
+        think_left = self.policy.counts.think_left(t.think_tokens, self.config.max_think_tokens)
+        if not self.policy.fork_pays(rows, think_speculation=self.config.think_speculation, shared=self.shared,
+                                     think_left=think_left, fork_feed=len(pending) + len(t.close_ids)):
             self.counts.forks_declined += 1
             self.drafts.declined_at = t.think_tokens  # ask again only a whole interval later
             return
-        self.drafts.fork(self._lane, t.tokens[self.synced:], tail_of(self.prompt_ids, t.tokens))
+        self.drafts.fork(self._lane, pending, tail_of(self.prompt_ids, t.tokens))
 
     def _start_answer(self) -> None:
         self.drafts.retire_all()

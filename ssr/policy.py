@@ -6,12 +6,15 @@ A proposal of ``k`` tokens whose tokens are each accepted with probability ``a``
 tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Acceptance rates are counted online
 per source and match length, engine-wide, so a later request prices its proposals with what earlier ones saw.
 
-A draft lane adds a row to every thinking step, and where the thinking lane verifies several tokens a step, the
-draft's row is padded to them: the draft pays only when what it saves in the answer (the share of draft tokens the
-answer accepted, times what an answer token costs with suffix proposals alone) exceeds what it adds to the cost of a
-thinking token (at the thinking lane's best proposal length, with and without the extra row). With a table that
-prices every extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as
-plain decoding does.
+A draft lane adds a row to every thinking pass, padded to the tokens the thinking lane verifies in it, until the
+thinking ends. It is priced over the thinking expected to remain (the mean of what earlier requests thought beyond
+this point): it costs the extra row on every pass (at the thinking lane's best proposal length with and without it)
+and its first pass's wider feed (the pending tokens and the close), and it writes, a pass, as many answer tokens as
+its own proposals in that width yield; it pays only when those tokens (times the share of draft tokens the answer
+accepted, times what an answer token costs with suffix proposals alone) save more than that. A thinking lane that
+copies itself several tokens a pass thus finishes before a draft has written much. With a table that prices every
+extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as plain decoding
+does.
 
 With other requests in the same pass (``Shared``: their rows, their widest feed, how many of them), a choice is
 priced as part of the whole step: tokens of every request per cost of the step they share, so a proposal that fits
@@ -28,6 +31,7 @@ PRIOR_RATE = 0.6  # per-token acceptance assumed before anything was measured
 PRIOR_WEIGHT = 4.0  # ... worth this many observed positions
 PRIOR_DRAFT_YIELD = 0.5  # share of draft tokens the answer accepts, before any draft was scored
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # match lengths are counted in buckets: <=1, <=2, <=4, <=8, <=16, more
+THINK_LENGTHS_KEPT = 64  # the newest requests' thinking lengths, for the thinking expected to remain
 
 
 def source_kind(source: str) -> str:
@@ -52,6 +56,7 @@ class AcceptanceCounts:
     phase_accepted: dict[str, float] = field(default_factory=dict)
     draft_tokens: int = 0
     draft_accepted: int = 0
+    think_lengths: list[int] = field(default_factory=list)  # thinking tokens of the newest requests that thought
 
     def rate(self, source: str, match_len: int) -> float:
         key = (source_kind(source), _bucket(match_len))
@@ -77,6 +82,15 @@ class AcceptanceCounts:
     def record_drafts(self, tokens: int, accepted: int) -> None:
         self.draft_tokens += tokens
         self.draft_accepted += accepted
+
+    def record_think(self, tokens: int) -> None:
+        self.think_lengths = [*self.think_lengths[1 - THINK_LENGTHS_KEPT:], tokens]
+
+    def think_left(self, so_far: int, budget: int) -> float:
+        """Thinking tokens expected after ``so_far``: the mean of what earlier requests that thought longer still
+        thought; the rest of the budget before any did."""
+        longer = [n - so_far for n in self.think_lengths if n > so_far]
+        return sum(longer) / len(longer) if longer else float(max(budget - so_far, 0))
 
     @property
     def draft_yield(self) -> float:
@@ -123,19 +137,34 @@ class SpeculationPolicy:
     def _step(self, rows: int, width: int, shared: Shared) -> float:
         return self.costs(rows + shared.rows, max(width, shared.width))
 
+    def best_pass(self, rows: int, rate: float, max_k: int = 16, shared: Shared = ALONE) -> tuple[float, float, int]:
+        """A lane's best proposal length beside ``rows - 1`` other lanes of its request and ``shared``: the pass's
+        cost, the tokens it yields, and its width (the lowest cost per token)."""
+        return min(((self._step(rows, k + 1, shared), expected_tokens(rate, k), k + 1) for k in range(max_k + 1)),
+                   key=lambda c: c[0] / c[1])
+
     def cost_per_token(self, rows: int, rate: float, max_k: int = 16, shared: Shared = ALONE) -> float:
         """Step cost per token of a lane that proposes at its best length, beside ``rows - 1`` other lanes of its
         request and ``shared``."""
-        return min(self._step(rows, k + 1, shared) / expected_tokens(rate, k) for k in range(max_k + 1))
+        cost, tokens, _ = self.best_pass(rows, rate, max_k, shared)
+        return cost / tokens
 
-    def fork_pays(self, rows: int, think_speculation: bool = True, shared: Shared = ALONE) -> bool:
-        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs; the time a
+    def fork_pays(self, rows: int, think_speculation: bool = True, shared: Shared = ALONE,
+                  think_left: float = float("inf"), fork_feed: int = 1) -> bool:
+        """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs over the
+        ``think_left`` thinking tokens expected to remain, its first pass feeding ``fork_feed`` tokens; the time a
         draft row adds to a shared step delays every request in it."""
         think = self.counts.phase_rate("think") if think_speculation else 0.0
-        loss = (self.cost_per_token(rows + 1, think, shared=shared)
-                - self.cost_per_token(rows, think, shared=shared)) * (shared.requests + 1)
-        gain = self.counts.draft_yield * self.cost_per_token(1, self.counts.phase_rate("answer"))
-        return loss <= 0.0 or gain > loss
+        answer = self.counts.phase_rate("answer")
+        cost, think_tokens, width = self.best_pass(rows + 1, think, shared=shared)
+        row = (cost / think_tokens - self.cost_per_token(rows, think, shared=shared)) * (shared.requests + 1)
+        first = (self._step(rows + 1, max(width, fork_feed), shared) - cost) * (shared.requests + 1)
+        draft_tokens = expected_tokens(answer, width - 1) / think_tokens  # written per thinking token
+        saved = draft_tokens * self.counts.draft_yield * self.cost_per_token(1, answer)
+        if think_left <= 0:
+            return False  # the thinking is expected to end now: a draft would write nothing
+        loss = row + first / think_left  # per thinking token
+        return loss <= 0.0 or saved > loss
 
     def summary(self) -> dict:
         """The cost model's figures, for the stats."""

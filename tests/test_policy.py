@@ -92,3 +92,74 @@ def test_choices_are_priced_within_the_step_other_requests_share():
     lane = CostTable(rows=(1, 2, 8, 9), widths=(1, 2), cost=((1.0, 1.9), (1.05, 2.0), (2.0, 3.9), (2.3, 4.3)))
     assert SpeculationPolicy(lane, counts).fork_pays(1)
     assert not SpeculationPolicy(lane, counts).fork_pays(1, shared=Shared(rows=7, width=1, requests=7))
+
+
+# the 1.5B default-model table measured on a 2-core AMD EPYC (one thread, packed weights): one row of up to 6 tokens
+# costs 1.06 steps, two rows of 6 cost 1.68
+EPYC = CostTable(rows=(1, 2, 3), widths=(1, 2, 3, 4, 6, 8, 12, 16),
+                 cost=((1.0, 1.06, 1.06, 1.06, 1.06, 1.54, 1.64, 2.03),
+                       (1.13, 1.13, 1.13, 1.48, 1.68, 2.02, 2.81, 3.46),
+                       (1.16, 1.21, 1.8, 1.94, 2.23, 2.77, 3.76, 4.66)))
+
+
+def _phase_rates(think: float, answer: float) -> AcceptanceCounts:
+    counts = AcceptanceCounts()
+    counts.phase_tried = {"think": 1e6, "answer": 1e6}
+    counts.phase_accepted = {"think": think * 1e6, "answer": answer * 1e6}
+    return counts
+
+
+def test_a_draft_is_priced_by_the_tokens_it_writes_a_pass():
+    """A thinking lane that copies itself ~5 tokens a pass pads the draft's row to its width: the draft writes ~2
+    tokens in the time the thinking writes 5, so it does not pay; with the thinking at one token a pass it does."""
+    copying = SpeculationPolicy(EPYC, _phase_rates(think=0.9, answer=0.5))
+    assert not copying.fork_pays(1, think_left=25, fork_feed=6)
+    assert copying.fork_pays(1, think_speculation=False, think_left=25, fork_feed=6)
+    novel = SpeculationPolicy(EPYC, _phase_rates(think=0.3, answer=0.6))
+    assert novel.fork_pays(1, think_left=25, fork_feed=6)
+
+
+def test_a_fork_that_thinking_will_not_outlast_does_not_pay():
+    """The first pass's wide feed (the pending tokens and the close) is paid once: over a long thinking it is
+    nothing, over a couple of tokens it is the whole price; at the budget a draft writes nothing."""
+    table = CostTable(rows=(1, 2), widths=(1, 8), cost=((1.0, 1.9), (1.02, 2.6)))
+    policy = SpeculationPolicy(table, _phase_rates(think=0.0, answer=0.2))
+    assert policy.fork_pays(1, think_left=200, fork_feed=8)
+    assert not policy.fork_pays(1, think_left=2, fork_feed=8)
+    assert policy.fork_pays(1, think_left=2, fork_feed=1)  # a narrow first feed costs only the row
+    assert not SpeculationPolicy(CostTable.flat()).fork_pays(1, think_left=0)
+
+
+def test_the_thinking_expected_to_remain_comes_from_earlier_requests():
+    counts = AcceptanceCounts()
+    assert counts.think_left(8, budget=96) == 88  # nothing seen yet: the rest of the budget
+    for n in (30, 34, 200):
+        counts.record_think(n)
+    assert counts.think_left(8, budget=96) == pytest.approx((22 + 26 + 192) / 3)
+    assert counts.think_left(100, budget=400) == 100  # only the request that thought 200 got this far
+    assert counts.think_left(300, budget=400) == 100  # none did: the budget's rest
+    for n in range(100):
+        counts.record_think(n)
+    assert len(counts.think_lengths) == 64 and counts.think_lengths[-1] == 99
+
+
+def test_requests_count_their_thinking_and_a_fork_is_priced_by_what_remains():
+    """Every request that thought leaves its length in the engine's counts; a draft due two tokens before the
+    budget closes the thinking is declined where its first feed (the pending tokens and the close) widens the
+    step, and one due early in the same thinking forks (a tiny model, its thinking closed at the budget)."""
+    from tiny import prompt_ids, tiny_engine
+
+    from ssr import SSRConfig
+
+    engine = tiny_engine(3)
+    engine.policy = SpeculationPolicy(CostTable(rows=(1, 2), widths=(1, 8), cost=((1.0, 1.0), (1.0, 5.0))))
+    prompt, base = prompt_ids("a b"), dict(max_think_tokens=12, max_tokens=24, think_speculation=False)
+    first = engine.generate(prompt, config=SSRConfig(enabled=False, **base))
+    length = first.stats["think_tokens"]
+    assert engine.policy.counts.think_lengths == [length] and length >= 12  # the budget, then the close
+    late = engine.generate(prompt, config=SSRConfig(draft_start=10, **base))
+    assert late.stats["forks_declined"] == 1 and late.stats["drafts"] == []
+    early = engine.generate(prompt, config=SSRConfig(draft_start=1, **base))
+    assert early.stats["forks_declined"] == 0 and len(early.stats["drafts"]) == 1
+    assert late.token_ids == early.token_ids == first.token_ids
+    assert engine.policy.counts.think_lengths == [length] * 3
