@@ -57,3 +57,24 @@ def test_vllm_peers_side_by_side(tmp_path, vllm_engine, two_items):
     md = report.write_report(path).read_text()
     assert all(f"| {m} |" in md for m in PEERS)
 
+
+
+def test_agent_suite_on_vllm_with_its_peers(tmp_path, vllm_engine):
+    """The agent suite on the vLLM backend: SSR's loops run the task's tools; vLLM's loops replay plain decoding's
+    steps (each step's prompt ids and token count), so each step of every method is one record's step."""
+    run = runner.BenchRun(suites=["agent"], methods=["plain", "suffix", "ssr"] + PEERS, out=tmp_path, n=1,
+                          backend="vllm", overrides={"max_think_tokens": 12, "draft_start": 2, "max_tokens": 32},
+                          backend_kwargs=dict(ENGINE_ARGS), progress=False, warmup=False, log=lambda s: None)
+    recs = runner.load_records(runner.run_bench(run, engine=vllm_engine))
+    assert not [r for r in recs if r.get("error")], [r.get("traceback") or r.get("error") for r in recs]
+    by_method = {r["method"]: r for r in recs}
+    assert set(by_method) == {"plain", "suffix", "ssr", *PEERS}
+    plain = by_method["plain"]
+    assert plain["steps"] and plain["front"] == "engine"
+    for name in ("suffix", "ssr"):
+        assert by_method[name]["identical_to_plain"], (name, by_method[name]["first_difference"])
+    for name in PEERS:
+        r = by_method[name]
+        assert r["front"] == "replay" and len(r["steps"]) == len(plain["steps"])
+        assert [s["prompt_tokens"] for s in r["steps"]] == [s["prompt_tokens"] for s in plain["steps"]]
+        assert r["n_tokens"] == plain["n_tokens"]
