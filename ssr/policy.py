@@ -154,6 +154,8 @@ class SpeculationPolicy:
         """Whether one more draft lane beside ``rows`` lanes is expected to save more than it costs over the
         ``think_left`` thinking tokens expected to remain, its first pass feeding ``fork_feed`` tokens; the time a
         draft row adds to a shared step delays every request in it."""
+        if think_left <= 0:
+            return False  # the thinking is expected to end now: a draft would write nothing
         think = self.counts.phase_rate("think") if think_speculation else 0.0
         answer = self.counts.phase_rate("answer")
         cost, think_tokens, width = self.best_pass(rows + 1, think, shared=shared)
@@ -161,8 +163,6 @@ class SpeculationPolicy:
         first = (self._step(rows + 1, max(width, fork_feed), shared) - cost) * (shared.requests + 1)
         draft_tokens = expected_tokens(answer, width - 1) / think_tokens  # written per thinking token
         saved = draft_tokens * self.counts.draft_yield * self.cost_per_token(1, answer)
-        if think_left <= 0:
-            return False  # the thinking is expected to end now: a draft would write nothing
         loss = row + first / think_left  # per thinking token
         return loss <= 0.0 or saved > loss
 
