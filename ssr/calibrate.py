@@ -87,6 +87,35 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                            "machine": machine(), "spread": round(spread, 3)})
 
 
+def measure_noise(backend, widths=(2, 4, 8, 16), lanes: int = 3, context: int = 256) -> float:
+    """How far a logit moves with the shape of the decode that computes it, on a backend whose multi-row kernels
+    are not batch-invariant (``backend.row_exact`` False): the largest absolute difference, over the vocabulary,
+    between a position's logits computed one token per step (as plain decoding computes them) and the same
+    position computed among ``w`` rows of one lane, or beside ``lanes - 1`` other lanes. Two candidates whose
+    logits are closer than twice this are a near-tie: either may come out of a batched step (docs/design.md,
+    what "exact" means)."""
+    import torch
+
+    worst = 0.0
+    backend.release_all()
+    try:
+        base = backend.new_lane()
+        backend.step({base: _dummy_ids(context, backend.vocab_size)}, {base: 1})
+        for w in widths:
+            feed = _dummy_ids(w, backend.vocab_size, seed=w)
+            one = backend.fork(base)
+            single = torch.cat([backend.step({one: [t]})[one] for t in feed])
+            backend.release(one)
+            many = [backend.fork(base) for _ in range(lanes)]
+            out = backend.step({lane: feed for lane in many}, {lane: w for lane in many})
+            for lane in many:
+                worst = max(worst, float((out[lane] - single).abs().max()))
+                backend.release(lane)
+    finally:
+        backend.release_all()
+    return worst
+
+
 def padded_envelope(seconds: dict[tuple[int, int], float], rows, widths) -> dict[tuple[int, int], float]:
     """A step can always be run padded to a bigger one, so no step costs more than any bigger step measured: each
     point becomes the least of itself and every point with at least as many lanes and tokens. This removes the
@@ -161,6 +190,8 @@ def calibrated(backend, refresh: bool = False, rows=ROWS, widths=WIDTHS, context
     if _selects_kernels(backend):
         meta["kernels"] = backend.select_kernels(reps=reps, progress=progress)
     table = measure_costs(backend, rows=rows, widths=widths, context=context, reps=reps, progress=progress)
+    if not getattr(backend, "row_exact", True):  # rows depend on the batch: what a near-tie is, on this machine
+        meta["noise"] = round(measure_noise(backend, context=context), 6)
     table = replace(table, meta={**table.meta, **meta, "model": backend.model_name,
                                  "backend": type(backend).__name__, "dtype": str(getattr(backend, "dtype", None)),
                                  "device": str(getattr(backend, "device", None))})

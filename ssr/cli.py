@@ -68,13 +68,26 @@ def chat(args) -> int:
         start = time.perf_counter()
         plain = engine.generate(args.question, config=config.override(enabled=False))
         plain_seconds = time.perf_counter() - start
-        same = plain.token_ids == result.token_ids
         print(f"{bold}plain decoding of the same request:{reset} {plain_seconds:.1f} s, "
-              f"{plain.stats['forward_passes']} forward passes; output identical: {same}")
+              f"{plain.stats['forward_passes']} forward passes; output {_agreement(engine, plain, result)}")
         print(f"{bold}SSR latency:{reset} {ssr_seconds / plain_seconds:.2f}x plain "
               f"({100 * (1 - ssr_seconds / plain_seconds):.1f}% saved; answer phase "
               f"{result.stats['seconds']['answer']:.1f} s vs {plain.stats['seconds']['answer']:.1f} s)")
     return 0
+
+
+def _agreement(engine, plain, result) -> str:
+    """SSR's output against plain decoding's, as the backend's exactness rule states it (``ssr.agreement``)."""
+    from .agreement import compare
+
+    found = compare(plain.token_ids, plain.near_ties, result.token_ids)
+    if found.identical:
+        return "identical: True"
+    if found.near_tie:
+        return (f"identical up to token {found.diverged_at}, a near-tie of plain decoding's (its top two logits "
+                f"{found.margin:.3f} apart, within twice the kernel noise measured here, {engine.tie_window:.3f}: "
+                "either token is the model's)")
+    return f"identical: False (from token {found.diverged_at}; not a near-tie)"
 
 
 def _print_stats(stats: dict, seconds: float, bold: str, reset: str) -> None:

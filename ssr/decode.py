@@ -85,6 +85,11 @@ class Decoding:
         self._streamed = ["", ""]
         self.window_cap: int | None = None  # max_tokens the context window allows (set by the engine)
         self.shared: Shared = ALONE  # what other requests put in the last pass (set by the scheduler)
+        # where rows depend on the batch (``Backend.row_exact`` False), greedy decoding notes the positions whose two
+        # best logits are closer than ``tie_window`` (twice the measured kernel noise): index in ``transcript.tokens``
+        # -> (top-2 margin, runner-up token). A batched step may choose either token there (``ssr.agreement``)
+        self.tie_window = 0.0
+        self.near_ties: dict[int, tuple[float, int]] = {}
 
     @property
     def _lane(self) -> int:
@@ -190,12 +195,17 @@ class Decoding:
         self.lane_tokens += t.tokens[self.synced:] + proposal.tokens  # what the step fed
         accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
         run = proposal.tokens[:accepted] + [token]
+        ties = self._ties(rows[:len(run)])
         status, pushed = Status.CONTINUE, 0
         for tok in run:
+            if pushed in ties:
+                self.near_ties[len(t.tokens)] = ties[pushed]
             status = t.push(tok)
             pushed += 1
             if status != Status.CONTINUE:
                 break
+        if status == Status.REWOUND:  # tokens taken back: their notes go with them
+            self.near_ties = {i: v for i, v in self.near_ties.items() if i < len(t.tokens)}
         taken = min(accepted, pushed)
         phase.add(len(proposal.tokens), taken)
         if status != Status.CONTINUE and taken:  # a rule ended the phase within or right after an accepted run
@@ -211,6 +221,14 @@ class Decoding:
         self._grow_sources(before, run[:pushed], status)
         self._sync(before)
         return status
+
+    def _ties(self, rows: torch.Tensor) -> dict[int, tuple[float, int]]:
+        """Rows (of the tokens a greedy step takes) whose two best logits lie within ``tie_window``."""
+        if not self.tie_window or not self.sampler.greedy or rows.shape[-1] < 2:
+            return {}
+        top = torch.topk(rows, 2, dim=-1)
+        margins = (top.values[:, 0] - top.values[:, 1]).tolist()
+        return {i: (round(m, 6), int(top.indices[i, 1])) for i, m in enumerate(margins) if m <= self.tie_window}
 
     def _answer_on_close(self, status: Status) -> Status:
         """A closed thinking starts the answer, and decoding goes on; any other status is passed on."""

@@ -6,7 +6,11 @@ steps every live request's lanes in one backend pass."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import itertools
+import logging
 import threading
+import weakref
 from typing import AsyncIterator, Iterator
 
 from .backends import choose_backend, load_backend
@@ -25,13 +29,15 @@ from .costs import CostTable
 from .decode import Decoding
 from .grammar import Grammar, Grammars, check_tools, json_grammar, response_schema, tool_call_grammar
 from .history import DEFAULT_MAX_TOKENS, OutputHistory
-from .models import canonical_name, resolve_model
+from .models import canonical_name, gguf_file, resolve_model
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
 from .scheduler import Scheduler
 from .toolstream import ToolCallStream
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+log = logging.getLogger("ssr.engine")
 
 
 class SSREngine:
@@ -58,6 +64,8 @@ class SSREngine:
             costs = calibrated(backend)
         self.policy = SpeculationPolicy(costs)  # this machine's step costs and the acceptance rates seen so far
         self.history = OutputHistory(history_tokens)  # earlier outputs, a suffix source of later requests
+        self._closed = False
+        self._live_key = _track(self)  # closed at interpreter exit unless closed before
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, backend: str = "auto",
@@ -67,7 +75,10 @@ class SSREngine:
         """Load ``model`` (None: the embedded default; a local directory; a cached hub name) on ``backend``, and
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
-        loaded = load_backend(choose_backend(backend, name), resolve_model(model), name, **backend_kwargs)
+        chosen = choose_backend(backend, name)
+        # llama.cpp runs a GGUF file as it is (the embedded models' own): nothing is converted for it
+        path = str(gguf_file(name)) if chosen == "llama.cpp" else resolve_model(model)
+        loaded = load_backend(chosen, path, name, **backend_kwargs)
         return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs,
                    max_queue=max_queue, max_running=max_running)
 
@@ -80,13 +91,20 @@ class SSREngine:
         return self.scheduler.load()
 
     def close(self) -> None:
-        """End every queued and running request (``Cancelled``), free every lane, release the backend."""
-        self.scheduler.close()
-        self.backend.release_all()
-        self.backend.close()
+        """End every queued and running request (``Cancelled``), free every lane, release the backend, in that
+        order: the scheduler's thread is joined first, so that no pass runs on a released backend. A second call does
+        nothing. Not needed at exit: an engine still open then is closed by ``_close_live_engines``."""
+        with _LIVE_LOCK:
+            if self._closed:
+                return
+            self._closed = True
+            _LIVE.pop(self._live_key, None)
         with _ENGINES_LOCK:
             for key in [k for k, engine in _ENGINES.items() if engine is self]:
                 del _ENGINES[key]
+        self.scheduler.close()
+        self.backend.release_all()
+        self.backend.close()
 
     def __enter__(self) -> "SSREngine":
         return self
@@ -97,6 +115,14 @@ class SSREngine:
     @property
     def costs(self) -> CostTable:
         return self.policy.costs
+
+    @property
+    def tie_window(self) -> float:
+        """Twice the kernel noise calibration measured where a row's logits depend on the batch (0 where they do
+        not): two candidates closer than this are a near-tie, which a batched step may resolve either way."""
+        if getattr(self.backend, "row_exact", True):
+            return 0.0
+        return 2.0 * float(self.costs.meta.get("noise", 0.0))
 
     @property
     def context_window(self) -> int:
@@ -127,6 +153,7 @@ class SSREngine:
                            cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
                            grammar=grammar, history=self.history)
         request.window_cap = window_cap
+        request.tie_window = self.tie_window
         return request
 
     def _window_cap(self, prompt_tokens: int, opening: str) -> int:
@@ -265,7 +292,7 @@ class SSREngine:
             finish_reason=reason, stats=stats,
             tool_calls=parsed.tool_calls if parsed else [],
             invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
-            content=parsed.content if parsed else answer,
+            content=parsed.content if parsed else answer, near_ties=dict(request.near_ties),
         )
 
 
@@ -275,8 +302,46 @@ def _events(pieces) -> Iterator[StreamEvent]:
         yield StreamEvent("answer", value) if kind == "content" else StreamEvent("tool_call", tool_call=value)
 
 
-_ENGINES: dict[tuple, SSREngine] = {}
+_ENGINES: dict[tuple, SSREngine] = {}  # get_engine's: one per (model, backend, options), held until closed
 _ENGINES_LOCK = threading.Lock()
+_LIVE: weakref.WeakValueDictionary[int, SSREngine] = weakref.WeakValueDictionary()  # every open engine, oldest first
+_LIVE_KEYS = itertools.count()
+_LIVE_LOCK = threading.Lock()  # not _ENGINES_LOCK: get_engine holds that one while an engine is built
+_exit_hook = False
+
+
+def _track(engine: SSREngine) -> int:
+    """Hold ``engine`` weakly among the live engines (an engine its user dropped is not kept alive) and, on the
+    first engine, register ``_close_live_engines`` at exit: after the backend's library has been imported, so that
+    the hook runs before any exit hook of that library (atexit runs the last registered first)."""
+    global _exit_hook
+    with _LIVE_LOCK:
+        key = next(_LIVE_KEYS)
+        _LIVE[key] = engine
+        if not _exit_hook:
+            atexit.register(_close_live_engines)
+            _exit_hook = True
+    return key
+
+
+def _close_live_engines() -> None:
+    """Close every engine still open, newest first: an atexit hook, so a program that never calls ``close()``
+    still exits cleanly.
+
+    Why: the scheduler steps the backend in a daemon thread, which may still be in a pass (a request streaming) or
+    just leaving one (freeing its logits, after ``generate`` has returned) when the interpreter finalizes. CPython
+    before 3.14 ends a daemon thread that takes the GIL during finalization with ``pthread_exit``; its forced unwind
+    through torch's noexcept C++ frames (a tensor's destructor re-taking the GIL) calls ``std::terminate``:
+    "terminate called without an active exception", exit status 134. atexit hooks run before finalization, so here
+    the thread still finishes its pass, is stopped and joined, and then the lanes and the backend (llama.cpp's
+    context, vLLM's engine) are released while every library is still loaded."""
+    with _LIVE_LOCK:
+        engines = list(_LIVE.values())
+    for engine in reversed(engines):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - the other engines are closed all the same
+            log.exception("closing the engine of %s at exit failed", engine.model_name)
 
 
 def get_engine(model: str | None = None, backend: str = "auto", **backend_kwargs) -> SSREngine:

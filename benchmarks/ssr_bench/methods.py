@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ssr.config import SUFFIX_SOURCES, SSRConfig
@@ -20,9 +20,12 @@ BARE = "bare"  # the model's own chat template, no thinking: the reference for t
 PROMPT_LOOKUP = "prompt-lookup"
 VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
 LLAMA_CPP = "llama.cpp"  # plain llama.cpp: Llama.generate (llama_cpp_peer), on the llama.cpp backend
-METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS + (LLAMA_CPP,)
+# llama.cpp's own server, plain and with its draft-free speculation (llama_server), on the llama.cpp backend
+LLAMA_SERVER_PEERS = ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-map-k")
+LLAMA_CPP_PEERS = (LLAMA_CPP,) + LLAMA_SERVER_PEERS
+METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS + LLAMA_CPP_PEERS
 # peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
-REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS + (LLAMA_CPP,)
+REPLAY = (PROMPT_LOOKUP,) + VLLM_PEERS + LLAMA_CPP_PEERS
 DEFAULT_METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup")
 # methods that must reproduce plain decoding's token ids exactly (greedy); prompt-lookup is compared too, but it
 # cannot replay the engine's forced text (budget forcing), so it is expected to match only where none was forced
@@ -44,6 +47,12 @@ DESCRIPTIONS = {
     "vllm-suffix": "vLLM's suffix decoding (Arctic Inference, 16 tokens), plain's output length",
     "llama.cpp": "plain llama.cpp (llama-cpp-python Llama.generate, greedy, its own loop), same GGUF and prompt ids, "
                  "plain's output length",
+    "llama-server": "llama.cpp's llama-server (a real server process, same GGUF and threads, same source and flags as "
+                    "the backend), plain greedy, plain's prompt ids and output length",
+    "llama-server-ngram-mod": "llama-server with --spec-type ngram-mod (its draft-free speculation; n-gram pool "
+                              "shared across requests), greedy, plain's prompt ids and output length",
+    "llama-server-ngram-map-k": "llama-server with --spec-type ngram-map-k, greedy, plain's prompt ids and output "
+                                "length",
 }
 
 
@@ -82,7 +91,7 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
 
 def backend_methods(backend: str) -> tuple[str, ...]:
     """Every method that runs on ``backend``: the peers are tied to their backend's model (``all``)."""
-    peers = {"vllm": VLLM_PEERS, "transformers": (PROMPT_LOOKUP,), "llama.cpp": (LLAMA_CPP,)}.get(backend, ())
+    peers = {"vllm": VLLM_PEERS, "transformers": (PROMPT_LOOKUP,), "llama.cpp": LLAMA_CPP_PEERS}.get(backend, ())
     return tuple(m for m in METHODS if m not in REPLAY or m in peers)
 
 
@@ -103,7 +112,7 @@ def parse_methods(spec: str | list[str] | tuple[str, ...] | None, backend: str =
     elsewhere = [n for n in names if n not in backend_methods(backend)]
     if elsewhere:
         raise ValueError(f"method(s) {elsewhere} do not run on backend {backend!r} (vllm* peers: --backend vllm; "
-                         "prompt-lookup: --backend transformers; llama.cpp: --backend llama.cpp)")
+                         "prompt-lookup: --backend transformers; llama.cpp, llama-server*: --backend llama.cpp)")
     out = [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
     return out
 
@@ -124,6 +133,9 @@ class Outcome:
     stats: dict[str, Any]
     finish_reason: str | None = None
     reasoning: str = ""
+    # greedy on a backend whose rows depend on the batch: positions whose top-2 logits were within the near-tie
+    # window -> (margin, runner-up) (``GenerationResult.near_ties``; ``ssr.agreement``)
+    near_ties: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 def forced_sequences(engine) -> list[list[int]]:
@@ -161,7 +173,7 @@ def run_engine(engine, item: dict[str, Any], config: SSRConfig, thinking: bool |
     assert result is not None
     return Outcome(token_ids=list(result.token_ids), answer=result.answer, tool_calls=list(result.tool_calls),
                    latency_s=latency, ttfa_s=ttfa, stats=dict(result.stats), finish_reason=result.finish_reason,
-                   reasoning=result.reasoning)
+                   reasoning=result.reasoning, near_ties=dict(result.near_ties))
 
 
 def run_langchain_tools(engine, item: dict[str, Any], config: SSRConfig) -> Outcome:
@@ -182,7 +194,8 @@ def run_langchain_tools(engine, item: dict[str, Any], config: SSRConfig) -> Outc
                    tool_calls=[{"name": c["name"], "arguments": c["args"]} for c in message.tool_calls],
                    latency_s=latency, ttfa_s=stats.get("time_to_first_answer_token"), stats=stats,
                    finish_reason=meta.get("finish_reason"),
-                   reasoning=message.additional_kwargs.get("reasoning_content", ""))
+                   reasoning=message.additional_kwargs.get("reasoning_content", ""),
+                   near_ties=dict(meta.get("near_ties") or {}))
 
 
 class PromptLookupPeer:
@@ -237,7 +250,7 @@ def run_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
     answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
     return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,
                    stats={"new_tokens": len(new), "forward_passes": out.get("steps"),
-                          "prefill_s": out.get("prefill_s")})
+                          "prefill_s": out.get("prefill_s"), **({"server": out["server"]} if "server" in out else {})})
 
 
 def replay_agent(peer, plain: dict[str, Any]) -> Outcome:

@@ -10,12 +10,16 @@ and its batched API fits SSR's lanes one to one:
 * ``fork`` is ``llama_memory_seq_cp``: in a unified cache the child's cells ARE the parent's (a cell carries a set
   of seq ids), so a fork copies no data. ``truncate`` is ``llama_memory_seq_rm`` from the cut on; ``release``
   removes the whole sequence and frees its seq id.
-* Exactness (``exact=True``, the default): llama.cpp's CPU matmuls switch kernels from 4 rows of a decode on, and
-  the logits of a position then differ (by up to ~0.4) from a one-token decode's: enough to flip a near-tie, so
-  SSR's multi-token verification would not reproduce plain decoding. Every wanted row (and each lane's last fed
-  token) is therefore computed in decodes of at most ``EXACT_ROWS`` rows, bitwise what a one-token decode gives;
-  a lane's earlier fed tokens (a prompt, forced text) are decoded as one batch of their own (prefill speed).
-  ``exact=False`` puts the whole step in one decode (faster many-row steps; greedy output may leave plain's).
+* Exactness. llama.cpp's CPU kernels are not batch-invariant: from 2 rows of a decode on, matmuls take other
+  kernels (llamafile's sgemm for the f16 attention products, repacked gemm for each group of 4 rows), and flash
+  attention splits a one-row decode's keys across threads, so a position's logits differ (by up to ~0.4 on the
+  embedded model) with the number of rows computed with it. Multi-row decodes are what makes speculation pay here
+  (a k-token batch costs far less than k steps), so the default (``exact=False``) puts the whole step in one
+  decode: SSR's greedy tokens then equal plain decoding's except at near-ties, positions whose two best logits
+  are closer than twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``), where either
+  token is the model's. ``exact=True`` keeps bitwise identity instead: every wanted row (and each lane's last fed
+  token) in decodes of at most ``EXACT_ROWS`` rows, which gives the one-row kernels' bits but costs about a step
+  per verified token, so SSR rarely speculates there.
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
@@ -31,8 +35,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import shutil
-import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +43,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from ..models import gguf_file
 from .base import Backend, Lane, rows_wanted, stop_token_ids
 from .errors import LlamaCppError
 
@@ -53,35 +57,6 @@ EXACT_ROWS = 3
 _PROBE = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 123"
 
 
-def gguf_file(model_name: str | None, model_path: str | None = None) -> Path:
-    """The GGUF file to load: ``model_path`` if it is one (or a directory holding exactly one); for the embedded
-    models, their parts concatenated (no conversion) into ``$SSR_CACHE/<name>.gguf`` on first use."""
-    from ..models import EMBEDDED_MODELS, _gguf_parts, cache_dir, canonical_name
-
-    for candidate in (model_path, model_name):
-        if candidate and str(candidate).endswith(".gguf") and Path(candidate).expanduser().is_file():
-            return Path(candidate).expanduser()
-    if model_path and Path(model_path).is_dir():
-        found = sorted(Path(model_path).glob("*.gguf"))
-        if len(found) == 1:
-            return found[0]
-    name = canonical_name(model_name)
-    if name not in EMBEDDED_MODELS:
-        raise ValueError(f"backend 'llama.cpp' needs a GGUF file: {model_path or model_name!r} is neither a .gguf "
-                         f"file nor an embedded model ({', '.join(EMBEDDED_MODELS)})")
-    target = cache_dir() / f"{name}.gguf"
-    parts = _gguf_parts(name)
-    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{name}.", suffix=".gguf", delete=False) as out:
-        for part in parts:
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 24)
-    os.replace(out.name, target)
-    return target
-
-
 def _hf_tokenizer(gguf: Path, model_name: str | None, model_path: str | None, tokenizer):
     """The Hugging Face tokenizer for ``gguf`` (see the module docstring) and the directory it came from."""
     from transformers import AutoTokenizer
@@ -92,10 +67,10 @@ def _hf_tokenizer(gguf: Path, model_name: str | None, model_path: str | None, to
         return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True), str(tokenizer)
     source = model_path if model_path and Path(model_path).is_dir() else None
     if source is None:
-        from ..models import EMBEDDED_MODELS, canonical_name, resolve_model
+        from ..models import EMBEDDED_MODELS, canonical_name, embedded_files
 
         if model_name and canonical_name(model_name) in EMBEDDED_MODELS:
-            source = resolve_model(model_name)
+            source = str(embedded_files(canonical_name(model_name)))
     if source is not None and (Path(source) / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(source, local_files_only=True), str(source)
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True), None
@@ -112,18 +87,19 @@ class LlamaCppBackend(Backend[_Lane]):
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
     ``n_threads``: llama.cpp's threads (default: torch's thread count, so ``ssr bench --threads`` applies);
     ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: wanted rows in decodes of at most
-    ``EXACT_ROWS`` rows (see the module docstring); ``repack``: llama.cpp's CPU weight repacking; ``tokenizer``: a
+    ``EXACT_ROWS`` rows, bitwise one-row results (default False: one multi-row decode a step; see the module
+    docstring); ``repack``: llama.cpp's CPU weight repacking; ``tokenizer``: a
     Hugging Face tokenizer or the directory of one (default: see the module docstring).
     """
 
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
-                 n_ubatch: int | None = None, exact: bool = True, repack: bool = True, tokenizer=None,
+                 n_ubatch: int | None = None, exact: bool = False, repack: bool = True, tokenizer=None,
                  verbose: bool = False) -> None:
         try:
             import llama_cpp
         except ImportError as exc:
-            raise ImportError("backend 'llama.cpp' needs llama-cpp-python: bash .ci/install_llama_cpp.sh "
+            raise ImportError("backend 'llama.cpp' needs llama-cpp-python: bash scripts/install_llama_cpp.sh "
                               "(pip install 'ssr[llamacpp]' with the build flags it documents)") from exc
         super().__init__()
         self._ll = ll = llama_cpp
@@ -135,7 +111,7 @@ class LlamaCppBackend(Backend[_Lane]):
             raise ValueError(f"n_seq_max must be in 1..{ll.llama_max_parallel_sequences()}, got {n_seq_max}")
         self.n_threads = int(n_threads or torch.get_num_threads())
         self.n_seq_max, self.n_batch = int(n_seq_max), int(min(n_batch, n_ctx))
-        self.exact = bool(exact)
+        self.exact = self.row_exact = bool(exact)
         ll.llama_backend_init()
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
@@ -180,6 +156,7 @@ class LlamaCppBackend(Backend[_Lane]):
         self._batch = None
         self._batch_size = 0
         self.decodes = 0  # llama_decode calls (forward passes)
+        self.rows_per_decode: Counter[int] = Counter()  # llama_decode calls by the logit rows they computed
 
     @classmethod
     def load(cls, model_path: str, model_name: str | None = None, **kwargs) -> "LlamaCppBackend":
@@ -212,7 +189,7 @@ class LlamaCppBackend(Backend[_Lane]):
     @property
     def device(self) -> str:
         """Where and how it runs (part of the calibration cache key: the two modes cost differently)."""
-        return f"cpu:{self.n_threads}-threads" + ("" if self.exact else ":multi-row")
+        return f"cpu:{self.n_threads}-threads" + (":exact-rows" if self.exact else ":multi-row")
 
     # -- lane hooks: a lane is a llama.cpp sequence ---------------------------------------------------------------
     # The parked lane goes on for the next request whose prompt starts with some of its tokens (nothing recomputed).
@@ -292,6 +269,7 @@ class LlamaCppBackend(Backend[_Lane]):
                 " (no KV slot: more tokens live than n_ctx holds; load the backend with a larger n_ctx)"
                 if code == 1 else ""))
         n_out = sum(1 for e in entries if e[3])
+        self.rows_per_decode[n_out] += 1
         if not n_out:
             return torch.empty(0, self.vocab_size)
         ptr = self._ll.llama_get_logits(self._ctx)
@@ -343,3 +321,21 @@ def _config(config_dir: str | None, arch: str):
 _FILE_TYPES = {"0": "F32", "1": "F16", "2": "Q4_0", "3": "Q4_1", "7": "Q8_0", "8": "Q5_0", "9": "Q5_1",
                "10": "Q2_K", "11": "Q3_K_S", "12": "Q3_K_M", "13": "Q3_K_L", "14": "Q4_K_S", "15": "Q4_K_M",
                "16": "Q5_K_S", "17": "Q5_K_M", "18": "Q6_K", "32": "BF16"}
+
+
+def smoke_test(tokens: int = 4) -> None:
+    """Load the embedded model's GGUF on this llama.cpp build and decode a few tokens (scripts/install_llama_cpp.sh
+    runs this in a child process after installing a build for this CPU: a kernel that crashes kills only that
+    process, and the portable build replaces it)."""
+    from ..models import DEFAULT_MODEL
+
+    backend = LlamaCppBackend(str(gguf_file(DEFAULT_MODEL)), DEFAULT_MODEL, n_seq_max=2, n_ctx=256)
+    try:
+        lane = backend.new_lane()
+        ids = backend.tokenizer.encode("def add(a, b):", add_special_tokens=False)
+        logits = backend.step({lane: ids}, {lane: 1})[lane]
+        for _ in range(tokens - 1):
+            logits = backend.step({lane: [int(logits[-1].argmax())]})[lane]
+        print(f"llama.cpp smoke test: {tokens} tokens decoded on {backend.model_path}")
+    finally:
+        backend.close()

@@ -723,7 +723,8 @@ def _response_metadata(res: Any, model_name: str) -> dict[str, Any]:
     errors = [{"id": c.get("id"), "name": c["name"], "error": c.get("error")}
               for c in res.invalid_tool_calls if "arguments" in c]
     return {"model_name": model_name, "model_provider": PROVIDER, "finish_reason": res.finish_reason,
-            "token_ids": list(res.token_ids), "ssr": res.stats, **({"tool_call_errors": errors} if errors else {})}
+            "token_ids": list(res.token_ids), "ssr": res.stats, **({"tool_call_errors": errors} if errors else {}),
+            **({"near_ties": dict(res.near_ties)} if res.near_ties else {})}
 
 
 def _content(res: Any) -> str:

@@ -1,0 +1,42 @@
+"""What "exact" means on a backend whose rows depend on the batch, checked output by output.
+
+On float32 transformers (and llama.cpp's ``exact`` mode) a row's logits are the same bits whatever else is in the
+step, so SSR's greedy tokens equal plain decoding's. llama.cpp's multi-row kernels round differently with the number
+of rows (``ssr.backends.llama_cpp``), by at most the noise calibration measures (``ssr.calibrate.measure_noise``).
+There the promise is: SSR's greedy output equals plain decoding's up to the first position where the two differ,
+and that position is a near-tie in plain decoding, the two tokens being plain's best two with logits closer than
+twice that noise (``GenerationResult.near_ties``), so either is the model's choice. After it the two continue from
+different text and are not compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How one output compares with plain decoding's on the same backend and request."""
+
+    identical: bool
+    diverged_at: int | None = None  # first index where the token ids differ (or one output ends)
+    margin: float | None = None  # plain's top-2 logit margin there, when the other took plain's runner-up
+    near_tie: bool = True  # False: the divergence breaks the promise (not a near-tie of plain's)
+
+    def to_dict(self) -> dict:
+        return {"identical": self.identical, "diverged_at": self.diverged_at, "margin": self.margin,
+                "near_tie": self.near_tie}
+
+
+def compare(plain_ids: list[int], plain_ties: dict[int, tuple[float, int]], other_ids: list[int]) -> Agreement:
+    """``other_ids`` against plain decoding's ``plain_ids`` and its ``near_ties`` (a result's fields)."""
+    if other_ids == plain_ids:
+        return Agreement(identical=True)
+    at = next((i for i, (a, b) in enumerate(zip(plain_ids, other_ids)) if a != b), min(len(plain_ids),
+                                                                                      len(other_ids)))
+    if at >= len(plain_ids) or at >= len(other_ids):  # one stopped where the other went on: not a choice of tokens
+        return Agreement(identical=False, diverged_at=at, near_tie=False)
+    tie = plain_ties.get(at)
+    if tie is None or tie[1] != other_ids[at]:
+        return Agreement(identical=False, diverged_at=at, near_tie=False)
+    return Agreement(identical=False, diverged_at=at, margin=tie[0], near_tie=True)
