@@ -119,11 +119,11 @@ def calibrate(args) -> int:
     """Measure (again) the kernel choice and the step-cost table of the model on this machine, and cache them."""
     from .backends import choose_backend, load_backend
     from .calibrate import NOISY, cache_path, calibrated, kernels_text, markdown
-    from .models import canonical_name, resolve_model
+    from .models import backend_model_path, canonical_name
 
     name = canonical_name(args.model)
     chosen = choose_backend(args.backend, name)
-    backend = load_backend(chosen, resolve_model(args.model), name)
+    backend = load_backend(chosen, backend_model_path(chosen, args.model), name)
     table = calibrated(backend, refresh=True)
     kernels = table.meta.get("kernels")
     print(f"model: {name} ({chosen}, {table.meta.get('dtype')}, {table.meta.get('device')}); "
@@ -132,6 +132,9 @@ def calibrate(args) -> int:
     print(f"step cost relative to one lane decoding one token ({1e3 * table.base_seconds:.1f} ms, "
           f"context {table.meta.get('context')} tokens):\n")
     print(markdown(table))
+    if "noise" in table.meta:
+        print(f"\nkernel noise (rows depend on the batch): {table.meta['noise']:.4f}; near-tie window "
+              f"{2 * table.meta['noise']:.4f}")
     if table.meta.get("spread", 0) > NOISY:
         print(f"\nnot cached: repetitions of a point differ by {100 * table.meta['spread']:.0f}% (median), so other "
               "processes shared the machine; measure again when it is idle")

@@ -29,7 +29,7 @@ from .costs import CostTable
 from .decode import Decoding
 from .grammar import Grammar, Grammars, check_tools, json_grammar, response_schema, tool_call_grammar
 from .history import DEFAULT_MAX_TOKENS, OutputHistory
-from .models import canonical_name, gguf_file, resolve_model
+from .models import backend_model_path, canonical_name
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
 from .scheduler import Scheduler
@@ -76,9 +76,7 @@ class SSREngine:
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
         chosen = choose_backend(backend, name)
-        # llama.cpp runs a GGUF file as it is (the embedded models' own): nothing is converted for it
-        path = str(gguf_file(name)) if chosen == "llama.cpp" else resolve_model(model)
-        loaded = load_backend(chosen, path, name, **backend_kwargs)
+        loaded = load_backend(chosen, backend_model_path(chosen, model), name, **backend_kwargs)
         return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs,
                    max_queue=max_queue, max_running=max_running)
 

@@ -56,6 +56,12 @@ def resolve_model(model: str | None) -> str:
     )
 
 
+def backend_model_path(backend: str, model: str | None) -> str:
+    """What backend ``backend`` loads ``model`` from: llama.cpp a GGUF file as it is (the embedded models' own:
+    nothing is converted), the others a directory or cached hub name (``resolve_model``)."""
+    return str(gguf_file(canonical_name(model))) if backend == "llama.cpp" else resolve_model(model)
+
+
 def _gguf_parts(name: str) -> list[Path]:
     prefix, count = EMBEDDED_MODELS[name]
     parts = []

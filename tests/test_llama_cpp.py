@@ -333,3 +333,32 @@ def test_llama_server_peers_start_answer_and_stop(backend, prompt_ids):
         finally:
             peer.close()
         assert peer.proc.poll() is not None, name
+
+
+@pytest.mark.real_model
+def test_sampling_keeps_the_distribution_with_multi_row_verification(engine):
+    """Sampling on the multi-row mode: SSR's point-mass proposals (the earlier turn, which the model is asked to
+    repeat) verified in multi-row decodes keep plain sampling's distribution of the first answer tokens
+    (two-sample chi-square on 200 samples each, rare outcomes pooled; fixed seeds)."""
+    import collections
+
+    from scipy.stats import chi2_contingency
+
+    messages = [{"role": "user", "content": "Say a number between 1 and 9, then a colour."},
+                {"role": "assistant", "content": "7 blue."},
+                {"role": "user", "content": "Say it again, exactly."}]
+    base = dict(temperature=1.0, max_tokens=3, max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0)
+    counts, tried = [], 0
+    for enabled in (False, True):
+        outcomes = collections.Counter()
+        for seed in range(200):
+            r = engine.generate(messages, thinking=False, config=SSRConfig(enabled=enabled, seed=seed, **base))
+            outcomes[tuple(r.token_ids[:3])] += 1
+            tried += r.stats["proposals_tried"] if enabled else 0
+        counts.append(outcomes)
+    assert tried > 100  # proposals were verified (and some rejected) in multi-row steps
+    keys = [k for k in counts[0] if counts[0][k] + counts[1][k] >= 10]
+    table = [[c[k] for k in keys] + [sum(v for k, v in c.items() if k not in keys)] for c in counts]
+    if not any(row[-1] for row in table):
+        table = [row[:-1] for row in table]
+    assert len(keys) >= 2 and chi2_contingency(table).pvalue > 1e-3, counts
