@@ -33,6 +33,8 @@ from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSource
 from .stats import RequestCounts, Speculation, request_stats
 from .transcript import MARKER_WINDOW, Status, Transcript
 
+DECLINED_SCORED = 16  # tokens of a declined proposal scored in hindsight (the policy's longest proposal)
+
 
 class Phase(StrEnum):
     """What a pass is for (a str: the stats' per-phase keys are these values)."""
@@ -90,6 +92,8 @@ class Decoding:
         # -> (top-2 margin, runner-up token). A batched step may choose either token there (``ssr.agreement``)
         self.tie_window = 0.0
         self.near_ties: dict[int, tuple[float, int]] = {}
+        self._declined: Proposal | None = None  # the last proposal the cost model declined, scored in hindsight
+        self._declined_at = 0  # ... from this index of ``transcript.tokens`` on
 
     @property
     def _lane(self) -> int:
@@ -170,6 +174,7 @@ class Decoding:
     def _proposal(self, rows: int, proposers: list) -> Proposal:
         """The first source's proposal, cut to the length the cost model finds worth verifying."""
         t = self.transcript
+        self._score_declined()
         room = min(self.config.max_tokens - len(t.tokens),
                    self.backend.context_window - len(self.prompt_ids) - len(t.tokens) - 1)
         if t.thinking:
@@ -178,8 +183,28 @@ class Decoding:
         found = first_proposal(proposers, context, room - 1) if proposers else None
         if found is None:
             return Proposal([], "none")
-        return found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens),
-                                                     self.shared))
+        proposal = found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens),
+                                                         self.shared))
+        if not proposal.tokens and self._declined is None:  # learn what verifying it would have accepted
+            self._declined, self._declined_at = found.cut(DECLINED_SCORED), len(t.tokens)
+        return proposal
+
+    def _score_declined(self) -> None:
+        """Score the last declined proposal against the tokens decoded since, as the verifier would have (the
+        longest run it matches), once that run is settled: the acceptance counts then learn from proposals the
+        cost model did not pay for, so where a step's extra rows are dear (a compute-bound CPU) it still finds the
+        sources and match lengths whose proposals pay. Free: no pass is spent."""
+        declined, t = self._declined, self.transcript
+        if declined is None:
+            return
+        got = t.tokens[self._declined_at:self._declined_at + len(declined.tokens)]
+        run = next((i for i, (a, b) in enumerate(zip(got, declined.tokens)) if a != b), len(got))
+        if len(t.tokens) < self._declined_at:  # a rewind took the text back: nothing to score
+            self._declined = None
+        elif run < len(got) or len(got) == len(declined.tokens):
+            self.policy.counts.record(declined.source, declined.match_len, len(declined.tokens), run,
+                                      phase="think" if t.thinking else "answer")
+            self._declined = None
 
     def _lane_feed(self, proposal: Proposal) -> tuple[dict[int, list[int]], dict[int, int]]:
         """The lane's feed: transcript tokens its cache lacks, then the proposal; one row per proposed token + 1."""

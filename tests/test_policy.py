@@ -163,3 +163,27 @@ def test_requests_count_their_thinking_and_a_fork_is_priced_by_what_remains():
     assert early.stats["forks_declined"] == 0 and len(early.stats["drafts"]) == 1
     assert late.token_ids == early.token_ids == first.token_ids
     assert engine.policy.counts.think_lengths == [length] * 3
+
+
+def test_declined_proposals_are_scored_in_hindsight_until_the_policy_speculates():
+    """A compute-bound table (llama.cpp's on a 2-core CPU: 2 tokens cost 2.3 steps, 16 cost 5.4) prices no proposal
+    at the prior acceptance rate, so nothing would ever be verified and nothing learnt. Declined proposals are
+    scored against the tokens decoded next (free), the counts learn that this model copies its cycle, and the
+    policy then verifies long proposals: fewer passes, the same tokens (a tiny model built to think in a cycle)."""
+    from tiny import bigram_engine, prompt_ids
+
+    from ssr import SSRConfig
+
+    compute_bound = CostTable(rows=(1, 2), widths=(1, 2, 4, 8, 16),
+                              cost=((1.0, 2.28, 3.17, 4.13, 5.37), (2.6, 4.5, 6.0, 8.0, 10.0)))
+    assert SpeculationPolicy(compute_bound).proposal_length(1, "thinking", 8, 15) == 0  # at the prior
+    engine = bigram_engine({"a": "b", "b": "c", "c": "d", "d": "a"})
+    engine.policy = SpeculationPolicy(compute_bound)
+    cfg = dict(max_think_tokens=80, max_tokens=100, max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0)
+    plain = engine.generate(prompt_ids("ab"), config=SSRConfig(enabled=False, **cfg))
+    ssr = engine.generate(prompt_ids("ab"), config=SSRConfig(**cfg))
+    counts = engine.policy.counts
+    assert counts.phase_tried["think"] > 16 and counts.rate("thinking", 32) > 0.9  # learnt, mostly unverified
+    assert ssr.stats["speculation"]["think"]["accepted"] > 0  # then verified, and accepted
+    assert ssr.stats["forward_passes"] < plain.stats["forward_passes"]
+    assert ssr.token_ids == plain.token_ids
