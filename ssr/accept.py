@@ -19,6 +19,12 @@ import torch
 
 from .config import SSRConfig
 
+# float32 logits: a temperature under MIN_TEMPERATURE (or a top_p under MIN_TOP_P) picks the same single most likely
+# token as these floors do, but overflows (logits / 1e-300 is inf, inf - inf is NaN) or rounds to 0 (a top_p of
+# 1e-300 is 0.0 in float32, which keeps no token): the sampler uses the floors
+MIN_TEMPERATURE = 1e-30
+MIN_TOP_P = 1e-30
+
 
 class Compact:
     """A distribution over at most K token ids: ``ids`` (int32, ``[K]``) and their probabilities ``values`` (float32,
@@ -72,9 +78,9 @@ class Sampler:
 
     def __init__(self, config: SSRConfig, support: int | None = None) -> None:
         self.greedy = config.greedy
-        self.temperature = config.temperature
+        self.temperature = max(config.temperature, MIN_TEMPERATURE)
         self.top_k = config.top_k
-        self.top_p = config.top_p
+        self.top_p = max(config.top_p, MIN_TOP_P)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         self.support = support or config.draft_support  # K of the drafts' compact proposal distributions
         self._generators: dict[torch.device, torch.Generator] = {}

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
+from numbers import Integral, Real
 from typing import Any
 
 # where suffix proposals come from: this request's drafts, prompt, chain of thought and answer, and the outputs of
 # the engine's earlier requests (``ssr.history``)
 SUFFIX_SOURCES = ("drafts", "prompt", "thinking", "answer", "history")
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # the seeds torch's generators take
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,35 @@ class SSRConfig:
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         if isinstance(self.suffix_sources, list):
             object.__setattr__(self, "suffix_sources", tuple(self.suffix_sources))
+        self._check_types()
         self._validate()
+
+    def _check_types(self) -> None:
+        """A ``TypeError`` naming the field for a value of the wrong type (a bool is not a number here; numpy's
+        numbers are), before any comparison could fail with one that does not say which field."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), f.type
+            if value is None and "None" in kind:
+                continue
+            if kind.startswith("bool"):
+                ok, want = isinstance(value, bool), "true or false"
+            elif kind.startswith("int"):
+                ok, want = isinstance(value, Integral) and not isinstance(value, bool), "an integer"
+            elif kind.startswith("float"):
+                ok, want = isinstance(value, Real) and not isinstance(value, bool), "a number"
+            else:  # the tuples of strings: stop, suffix_sources
+                ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+                want = "a string or a list of strings" if f.name == "stop" else "a list of names"
+            if not ok:
+                raise TypeError(f"SSRConfig: {f.name} must be {want}, got {value!r} ({type(value).__name__})")
 
     def _validate(self) -> None:
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"SSRConfig: {message}")
 
+        for name in ("temperature", "top_p", "suffix_min_prob"):
+            need(math.isfinite(getattr(self, name)), f"{name} must be a finite number, got {getattr(self, name)}")
         need(self.max_think_tokens >= 0, f"max_think_tokens must be >= 0, got {self.max_think_tokens}")
         need(0 <= self.min_think_tokens <= self.max_think_tokens,
              f"min_think_tokens must be in [0, max_think_tokens={self.max_think_tokens}], got {self.min_think_tokens}")
@@ -84,8 +110,9 @@ class SSRConfig:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         need(self.draft_support >= 1, f"draft_support must be >= 1, got {self.draft_support}")
-        need(all(isinstance(s, str) and s for s in self.stop),
-             f"stop strings must be non-empty strings, got {self.stop}")
+        need(all(self.stop), f"stop strings must be non-empty strings, got {self.stop}")
+        need(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+             f"seed must be None or in [-2**63, 2**64 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -11,16 +11,15 @@ import itertools
 import logging
 import threading
 import weakref
+from numbers import Real
 from typing import AsyncIterator, Iterator
 
 from .backends import choose_backend, load_backend
 from .chat import (
     ChatFamily,
     Prompt,
-    ToolCallParse,
     detect_family,
     encode_prompt,
-    prompt_seed,
     resolve_thinking,
     tool_call_opening,
 )
@@ -33,6 +32,7 @@ from .models import backend_model_path, canonical_name
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
 from .scheduler import Scheduler
+from .toolcalls import ToolCallParse, prompt_seed
 from .toolstream import ToolCallStream
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -211,6 +211,8 @@ class SSREngine:
         ``timeout`` (seconds from now, queue time included) ends the request with ``ssr.errors.RequestTimeout``;
         a full queue raises ``ssr.errors.QueueFull`` at once. Closing the iterator early cancels the request, which
         frees its lanes before the next pass."""
+        _check_arguments(prompt, tools, tool_choice, config, thinking, response_format, timeout,
+                         self.backend.vocab_size)
         request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
                                 response_format=response_format, **overrides)
         id_seed = prompt_seed(request.prompt_ids) if tools else None  # the same request gets the same call ids
@@ -292,6 +294,57 @@ class SSREngine:
             invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
             content=parsed.content if parsed else answer, near_ties=dict(request.near_ties),
         )
+
+
+def _check_arguments(prompt, tools, tool_choice, config, thinking, response_format, timeout,
+                     vocab_size: int) -> None:
+    """The shapes of one request's arguments, checked before anything is built from them, so that a wrong one is a
+    ``TypeError`` (wrong type) or ``ValueError`` (wrong value) that names it, not an error from deep inside the
+    template, the grammar or the model. Values are checked where they are used (``SSRConfig`` the sampling settings,
+    ``encode_prompt`` roles and length, ``check_tools`` the tools' schemas, ``response_schema`` the format)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        outside = [t for t in prompt if not 0 <= t < vocab_size]
+        if outside:
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
+    elif isinstance(prompt, list):
+        for i, message in enumerate(prompt):
+            _check_message(message, f"prompt[{i}]")
+    elif not isinstance(prompt, str):
+        raise TypeError(f"prompt must be text, a list of chat messages or a list of token ids, got "
+                        f"{type(prompt).__name__}")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise TypeError(f'tools must be a list of {{"type": "function", "function": {{...}}}} dicts, got {tools!r}')
+    for name, value, kind, want in (("tool_choice", tool_choice, str, "a string"),
+                                    ("config", config, SSRConfig, "an SSRConfig"),
+                                    ("thinking", thinking, bool, "a bool"),
+                                    ("response_format", response_format, dict, "a dict")):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{name} must be None or {want}, got {value!r} ({type(value).__name__})")
+    if timeout is not None and not (isinstance(timeout, Real) and not isinstance(timeout, bool)):
+        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r}")
+    if timeout is not None and not float(timeout) > 0:  # NaN too
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+
+
+def _check_message(message, where: str) -> None:
+    """One chat message: a dict with a string role, string (or no) content, and well-formed tool calls."""
+    if not isinstance(message, dict):
+        raise TypeError(f"{where}: a prompt list holds chat-message dicts or token ids (ints), got {message!r}")
+    if not isinstance(message.get("role"), str):
+        raise TypeError(f"{where}.role must be a string (system, user, assistant or tool), got "
+                        f"{message.get('role')!r}")
+    for key in ("content", "tool_call_id", "name"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise TypeError(f"{where}.{key} must be a string, got {message[key]!r}")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise TypeError(f"{where}.tool_calls must be a list of calls, got {calls!r}")
+    for j, call in enumerate(calls or []):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)
+                and isinstance(fn.get("arguments", fn.get("args", {})), (str, dict))):
+            raise TypeError(f'{where}.tool_calls[{j}] must be {{"function": {{"name": str, "arguments": dict or '
+                            f"JSON text}}}}, got {call!r}")
 
 
 def _events(pieces) -> Iterator[StreamEvent]:

@@ -33,7 +33,8 @@ def run(model: str | None = None, backend: str = "auto", host: str = "127.0.0.1"
                               if v is not None}
     backend = choose_backend(backend, canonical_name(model))
     engine = SSREngine.from_pretrained(model, backend=backend, config=config, **limits, **backend_kwargs)
-    app = create_app(engine, api_key=api_key, served_model_name=served_model_name, timeout=timeout)
+    app = create_app(engine, api_key=api_key, served_model_name=served_model_name, timeout=timeout,
+                     close_engine=True)
     name = served_model_name or engine.model_name
     log.info("serving %s (%s backend, context %d tokens) on http://%s:%d/v1%s", name, backend,
              engine.context_window, host, port, " (API key required)" if api_key else "")
@@ -41,4 +42,4 @@ def run(model: str | None = None, backend: str = "auto", host: str = "127.0.0.1"
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                     timeout_graceful_shutdown=5)
     finally:
-        engine.close()
+        engine.close()  # where the application did not (it never started); a second close does nothing

@@ -9,6 +9,7 @@ schema is an HTTP error status, not an event in a 200 stream).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -19,6 +20,7 @@ from typing import Any, AsyncGenerator, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..chat import encode_prompt
 from ..errors import Cancelled, QueueFull, RequestTimeout
@@ -46,7 +48,7 @@ def _error_of(exc: BaseException, param: str | None = None) -> ApiError:
     if isinstance(exc, (RequestTimeout, asyncio.TimeoutError, TimeoutError)):
         return ApiError(408, f"the request timed out: {exc}" if str(exc) else "the request timed out",
                         code="timeout")
-    if isinstance(exc, (ClientGone, Cancelled)):
+    if isinstance(exc, (ClientGone, ClientDisconnect, Cancelled)):  # ClientDisconnect: gone while sending the body
         return ApiError(499, "the client closed the request", code="cancelled")
     if isinstance(exc, (ValueError, TypeError)):  # the engine refused the request (schema, tool choice, ...)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -227,23 +229,63 @@ def _sse(data: dict[str, Any]) -> str:
 
 
 async def _body(request: Request) -> Any:
+    """The request's JSON. Every way it can be unreadable is a 400: not JSON, not UTF-8, nested deeper than the
+    parser recurses (``RecursionError``), an integer past Python's digit limit (``ValueError``), or a string holding
+    a lone surrogate (``\\ud800`` is valid JSON but not text: the tokenizer cannot encode it)."""
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise bad_request(f"the request body is not valid JSON: {why}", code="invalid_json") from None
+    if (where := _lone_surrogate(body)) is not None:
+        raise bad_request(f"{where or 'the body'}: a string holds a lone UTF-16 surrogate, which is not text",
+                          where or None, "invalid_json")
+    return body
+
+
+def _lone_surrogate(body: Any) -> str | None:
+    """The path of a string (or key) in ``body`` that is not valid Unicode, or None (iterative: a body as deep as
+    the parser allows does not recurse here)."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = key.encode("utf-8", "backslashreplace").decode()  # the path goes into the (UTF-8) answer
+                stack += [(f"{path}.{name}" if path else name, key), (f"{path}.{name}" if path else name, item)]
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 def create_app(engine, api_key: str | None = None, *, served_model_name: str | None = None,
-               timeout: float | None = None) -> FastAPI:
+               timeout: float | None = None, close_engine: bool = False) -> FastAPI:
     """The OpenAI-compatible application over ``engine``.
 
     ``api_key``: every ``/v1`` request must send ``Authorization: Bearer <api_key>`` (401 otherwise); ``/health``
     and ``/metrics`` stay open. ``served_model_name``: the model's name in the API (default: the engine's).
     ``timeout``: seconds a request may take, queue time included (408 after it; the request is cancelled).
+    ``close_engine``: close the engine when the application shuts down (``ssr serve``'s own engine: uvicorn ends a
+    server stopped by SIGTERM by raising the signal again once it has shut down, so nothing after ``uvicorn.run``,
+    nor any exit hook, runs then).
     """
     server = Server(engine, api_key, served_model_name, timeout)
-    app = FastAPI(title="SSR", description="OpenAI-compatible API over an SSR engine", version="1")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if close_engine:  # the requests have ended (uvicorn's graceful shutdown): stop the scheduler, free the model
+            await asyncio.to_thread(engine.close)
+            log.info("engine closed")
+
+    app = FastAPI(title="SSR", description="OpenAI-compatible API over an SSR engine", version="1", lifespan=lifespan)
     app.state.server = server
 
     @app.exception_handler(ApiError)

@@ -220,7 +220,7 @@ class _Sampling(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM's); 0 disables it
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch's generators take
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     n: int | None = None
