@@ -4,9 +4,9 @@ On float32 transformers (and llama.cpp's ``exact`` mode) a row's logits are the 
 step, so SSR's greedy tokens equal plain decoding's. llama.cpp's multi-row kernels round differently with the number
 of rows (``ssr.backends.llama_cpp``), by at most the noise calibration measures (``ssr.calibrate.measure_noise``).
 There the promise is: SSR's greedy output equals plain decoding's up to the first position where the two differ,
-and that position is a near-tie in plain decoding, the two tokens being plain's best two with logits closer than
-twice that noise (``GenerationResult.near_ties``), so either is the model's choice. After it the two continue from
-different text and are not compared.
+and that position is a near-tie in plain decoding: the other output's token there has a logit within twice that
+noise of plain's chosen token (``GenerationResult.near_ties``), so either is the model's choice. After it the two
+continue from different text and are not compared.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class Agreement:
 
     identical: bool
     diverged_at: int | None = None  # first index where the token ids differ (or one output ends)
-    margin: float | None = None  # plain's top-2 logit margin there, when the other took plain's runner-up
+    margin: float | None = None  # how far below plain's token the other's token was in plain's logits there
     near_tie: bool = True  # False: the divergence breaks the promise (not a near-tie of plain's)
 
     def to_dict(self) -> dict:
@@ -28,7 +28,7 @@ class Agreement:
                 "near_tie": self.near_tie}
 
 
-def compare(plain_ids: list[int], plain_ties: dict[int, tuple[float, int]], other_ids: list[int]) -> Agreement:
+def compare(plain_ids: list[int], plain_ties: dict[int, list[tuple[int, float]]], other_ids: list[int]) -> Agreement:
     """``other_ids`` against plain decoding's ``plain_ids`` and its ``near_ties`` (a result's fields)."""
     if other_ids == plain_ids:
         return Agreement(identical=True)
@@ -36,7 +36,7 @@ def compare(plain_ids: list[int], plain_ties: dict[int, tuple[float, int]], othe
                                                                                       len(other_ids)))
     if at >= len(plain_ids) or at >= len(other_ids):  # one stopped where the other went on: not a choice of tokens
         return Agreement(identical=False, diverged_at=at, near_tie=False)
-    tie = plain_ties.get(at)
-    if tie is None or tie[1] != other_ids[at]:
+    margin = next((m for token, m in plain_ties.get(at, ()) if token == other_ids[at]), None)
+    if margin is None:
         return Agreement(identical=False, diverged_at=at, near_tie=False)
-    return Agreement(identical=False, diverged_at=at, margin=tie[0], near_tie=True)
+    return Agreement(identical=False, diverged_at=at, margin=margin, near_tie=True)

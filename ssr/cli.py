@@ -84,7 +84,7 @@ def _agreement(engine, plain, result) -> str:
     if found.identical:
         return "identical: True"
     if found.near_tie:
-        return (f"identical up to token {found.diverged_at}, a near-tie of plain decoding's (its top two logits "
+        return (f"identical up to token {found.diverged_at}, a near-tie of plain decoding's (the two tokens' logits "
                 f"{found.margin:.3f} apart, within twice the kernel noise measured here, {engine.tie_window:.3f}: "
                 "either token is the model's)")
     return f"identical: False (from token {found.diverged_at}; not a near-tie)"

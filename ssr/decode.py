@@ -30,9 +30,10 @@ from .grammar import Constraint, Grammar
 from .history import OutputHistory
 from .policy import ALONE, Shared, SpeculationPolicy
 from .proposals import Context, DraftPrefix, Proposal, SchemaFixed, SuffixSources, first_proposal, tail_of
-from .stats import RequestCounts, Speculation, request_stats
+from .stats import RequestCounts, Speculation
 from .transcript import MARKER_WINDOW, Status, Transcript
 
+TIE_CANDIDATES = 3  # tokens noted per near-tie besides the chosen one
 DECLINED_SCORED = 16  # tokens of a declined proposal scored in hindsight (the policy's longest proposal)
 
 
@@ -87,11 +88,12 @@ class Decoding:
         self._streamed = ["", ""]
         self.window_cap: int | None = None  # max_tokens the context window allows (set by the engine)
         self.shared: Shared = ALONE  # what other requests put in the last pass (set by the scheduler)
-        # where rows depend on the batch (``Backend.row_exact`` False), greedy decoding notes the positions whose two
-        # best logits are closer than ``tie_window`` (twice the measured kernel noise): index in ``transcript.tokens``
-        # -> (top-2 margin, runner-up token). A batched step may choose either token there (``ssr.agreement``)
+        # where rows depend on the batch (``Backend.row_exact`` False), greedy decoding notes the positions where
+        # other tokens' logits come within ``tie_window`` (twice the measured kernel noise) of the chosen one's: index
+        # in ``transcript.tokens`` -> [(token, margin below the chosen one), ...]. A batched step may choose any of
+        # them there (``ssr.agreement``)
         self.tie_window = 0.0
-        self.near_ties: dict[int, tuple[float, int]] = {}
+        self.near_ties: dict[int, list[tuple[int, float]]] = {}
         self._declined: Proposal | None = None  # the last proposal the cost model declined, scored in hindsight
         self._declined_at = 0  # ... from this index of ``transcript.tokens`` on
 
@@ -247,13 +249,19 @@ class Decoding:
         self._sync(before)
         return status
 
-    def _ties(self, rows: torch.Tensor) -> dict[int, tuple[float, int]]:
-        """Rows (of the tokens a greedy step takes) whose two best logits lie within ``tie_window``."""
-        if not self.tie_window or not self.sampler.greedy or rows.shape[-1] < 2:
+    def _ties(self, rows: torch.Tensor) -> dict[int, list[tuple[int, float]]]:
+        """Rows (of the tokens a greedy step takes) where other tokens lie within ``tie_window`` of the best one:
+        those tokens (at most ``TIE_CANDIDATES``) and their margins."""
+        if not self.tie_window or not self.sampler.greedy or rows.shape[-1] <= TIE_CANDIDATES:
             return {}
-        top = torch.topk(rows, 2, dim=-1)
-        margins = (top.values[:, 0] - top.values[:, 1]).tolist()
-        return {i: (round(m, 6), int(top.indices[i, 1])) for i, m in enumerate(margins) if m <= self.tie_window}
+        top = torch.topk(rows, TIE_CANDIDATES + 1, dim=-1)
+        margins = (top.values[:, :1] - top.values[:, 1:]).tolist()
+        ties = {}
+        for i, row in enumerate(margins):
+            close = [(int(top.indices[i, j + 1]), round(m, 6)) for j, m in enumerate(row) if m <= self.tie_window]
+            if close:
+                ties[i] = close
+        return ties
 
     def _answer_on_close(self, status: Status) -> Status:
         """A closed thinking starts the answer, and decoding goes on; any other status is passed on."""
@@ -368,4 +376,50 @@ class Decoding:
                 self._streamed[i] = now
 
     def stats(self) -> dict:
-        return request_stats(self)
+        """The stats dict of this request, finished or running (``ssr.stats`` holds the counts it reads)."""
+        t, c, drafts = self.transcript, self.counts, self.drafts
+        accepted = c.accepted_prefix + c.accepted_suffix
+        total = time.perf_counter() - c.start
+
+        def since_start(at: float | None) -> float | None:
+            return round(at - c.start, 4) if at is not None else None
+
+        return {
+            "enabled": self.config.enabled,
+            "prompt_tokens": len(self.prompt_ids),
+            "reused_prompt_tokens": self.reused,
+            "think_tokens": t.think_tokens,
+            "answer_tokens": len(t.answer_tokens),
+            "forced_tokens": t.forced,
+            "think_closed_by": t.closed_by,
+            "accepted_tokens": accepted,
+            "accepted_prefix_tokens": c.accepted_prefix,
+            "accepted_suffix_tokens": c.accepted_suffix,
+            "accepted_by_source": dict(c.accepted_by_source),
+            "think_accepted_tokens": c.think.accepted,
+            "speculation": {"think": c.think.record(), "draft": drafts.speculation.record(),
+                            "answer": c.answer.record()},
+            "drafts": [d.record() for d in drafts.all],
+            "draft_tokens": sum(len(d.tokens) for d in drafts.all),
+            "bootstrapped_tokens": sum(d.bootstrapped for d in drafts.all),
+            # memory: the drafts' token distributions (sampling; greedy keeps none), ``support`` ids + probabilities
+            # each
+            "draft_probs_support": None if self.sampler.greedy else self.sampler.support,
+            "draft_probs_peak_bytes": drafts.probs_peak_bytes,
+            "draft_probs_held_bytes": drafts.probs_held_bytes,
+            "forks_declined": c.forks_declined,
+            "proposals_tried": c.answer.verify_steps,
+            "proposals_accepted": c.proposals_accepted,
+            "proposed_tokens": c.answer.proposed,
+            "mean_accepted_per_verify": accepted / c.answer.verify_steps if c.answer.verify_steps else 0.0,
+            "verify_passes": c.answer.verify_steps,
+            "forward_passes": c.forward_passes,
+            "think_forward_passes": c.passes["think"] + 1,  # the prefill chooses the first thinking token
+            "answer_forward_passes": c.passes["answer"],
+            "plain_forward_passes": t.sampled,
+            "forward_passes_saved": t.sampled - c.forward_passes,
+            "cost_model": self.policy.summary() if self.config.enabled else None,
+            "seconds": {**{k: round(v, 4) for k, v in c.seconds.items()}, "total": round(total, 4)},
+            "time_to_think_end": since_start(c.think_end_at),
+            "time_to_first_answer_token": since_start(c.first_answer_at),
+        }

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .toolcalls import _parse_one, call_id
+
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 ANALYSIS = f"{CHANNEL}analysis{MESSAGE}"  # what opens the reasoning after the generation prompt
 FINAL = f"{CHANNEL}final{MESSAGE}"  # what opens the answer
@@ -95,7 +97,6 @@ def parse(text: str, tools: list[dict[str, Any]] | None = None, id_seed: str | N
     text the format cannot read (a random model's) ends the parse there: this never raises, so streams can show it."""
     from openai_harmony import HarmonyError, Role, StreamableParser
 
-    from .chat import call_id  # chat imports this module
 
     enc = encoding()
     parser = StreamableParser(enc, None if text.startswith(START) else Role.ASSISTANT, strict=False)
@@ -134,6 +135,5 @@ def parse(text: str, tools: list[dict[str, Any]] | None = None, id_seed: str | N
 def _call(name: str, arguments: str, schemas: dict[str, dict] | None, id: str) -> tuple[dict | None, dict | None]:
     """One commentary call, judged exactly as a Hermes call is (``ssr.chat``): its name and arguments as that
     format's JSON object, so malformed arguments, unknown tools and schema errors read the same in both."""
-    from .chat import _parse_one
 
     return _parse_one(f'{{"name": {json.dumps(name)}, "arguments": {arguments.strip() or "{}"}}}', schemas, id)

@@ -25,9 +25,10 @@ class GenerationResult:
     invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     content: str | None = None  # the answer with tool-call markup removed (equals ``answer`` without tools)
     # on a backend whose rows depend on the batch (llama.cpp's multi-row kernels), greedy: the positions in
-    # ``token_ids`` where the two best logits were within twice the measured kernel noise -> (margin, runner-up);
-    # where SSR and plain decoding differ, they differ first at such a position (``ssr.agreement``)
-    near_ties: dict[int, tuple[float, int]] = field(default_factory=dict)
+    # ``token_ids`` where other tokens' logits were within twice the measured kernel noise of the chosen one's ->
+    # [(token, margin), ...]; where SSR and plain decoding differ, they differ first at such a position, SSR taking
+    # one of those tokens (``ssr.agreement``)
+    near_ties: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
     @property
     def reasoning_tokens(self) -> int:

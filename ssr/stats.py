@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .decode import Decoding
 
 PHASES = ("think", "draft", "answer")
 
@@ -56,51 +52,3 @@ class RequestCounts:
 
     def credit(self, source: str, taken: int) -> None:
         self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + taken
-
-
-def request_stats(request: Decoding) -> dict:
-    """The stats dict of a finished (or running) request (``ssr.decode.Decoding``)."""
-    t, c, drafts = request.transcript, request.counts, request.drafts
-    accepted = c.accepted_prefix + c.accepted_suffix
-    total = time.perf_counter() - c.start
-
-    def since_start(at: float | None) -> float | None:
-        return round(at - c.start, 4) if at is not None else None
-
-    return {
-        "enabled": request.config.enabled,
-        "prompt_tokens": len(request.prompt_ids),
-        "reused_prompt_tokens": request.reused,
-        "think_tokens": t.think_tokens,
-        "answer_tokens": len(t.answer_tokens),
-        "forced_tokens": t.forced,
-        "think_closed_by": t.closed_by,
-        "accepted_tokens": accepted,
-        "accepted_prefix_tokens": c.accepted_prefix,
-        "accepted_suffix_tokens": c.accepted_suffix,
-        "accepted_by_source": dict(c.accepted_by_source),
-        "think_accepted_tokens": c.think.accepted,
-        "speculation": {"think": c.think.record(), "draft": drafts.speculation.record(), "answer": c.answer.record()},
-        "drafts": [d.record() for d in drafts.all],
-        "draft_tokens": sum(len(d.tokens) for d in drafts.all),
-        "bootstrapped_tokens": sum(d.bootstrapped for d in drafts.all),
-        # memory: the drafts' token distributions (sampling; greedy keeps none), ``support`` ids + probabilities each
-        "draft_probs_support": None if request.sampler.greedy else request.sampler.support,
-        "draft_probs_peak_bytes": drafts.probs_peak_bytes,
-        "draft_probs_held_bytes": drafts.probs_held_bytes,
-        "forks_declined": c.forks_declined,
-        "proposals_tried": c.answer.verify_steps,
-        "proposals_accepted": c.proposals_accepted,
-        "proposed_tokens": c.answer.proposed,
-        "mean_accepted_per_verify": accepted / c.answer.verify_steps if c.answer.verify_steps else 0.0,
-        "verify_passes": c.answer.verify_steps,
-        "forward_passes": c.forward_passes,
-        "think_forward_passes": c.passes["think"] + 1,  # the prefill chooses the first thinking token
-        "answer_forward_passes": c.passes["answer"],
-        "plain_forward_passes": t.sampled,
-        "forward_passes_saved": t.sampled - c.forward_passes,
-        "cost_model": request.policy.summary() if request.config.enabled else None,
-        "seconds": {**{k: round(v, 4) for k, v in c.seconds.items()}, "total": round(total, 4)},
-        "time_to_think_end": since_start(c.think_end_at),
-        "time_to_first_answer_token": since_start(c.first_answer_at),
-    }

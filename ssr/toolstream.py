@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .chat import _FENCED, ToolCallParse, _looks_like_call, _parse_one, call_id
+from .toolcalls import _FENCED, ToolCallParse, _looks_like_call, _parse_one, call_id
 
 __all__ = ["ToolCallDelta", "ToolCallStream"]
 

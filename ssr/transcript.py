@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from . import harmony
-from .chat import ChatFamily, ToolCallParse, parse_tool_calls
+from .chat import ChatFamily
 from .config import SSRConfig
+from .toolcalls import ToolCallParse, parse_tool_calls
 
 
 class Status(StrEnum):

@@ -11,18 +11,20 @@ def test_identical_outputs():
     assert found.identical and found.diverged_at is None and found.near_tie
 
 
-def test_a_divergence_at_plain_near_tie_taking_its_runner_up_is_kept():
-    found = compare(PLAIN, {2: (0.07, 70)}, [5, 6, 70, 1, 2, 3])
+def test_a_divergence_to_a_token_within_the_window_of_plain_is_kept():
+    found = compare(PLAIN, {2: [(70, 0.07)]}, [5, 6, 70, 1, 2, 3])
     assert not found.identical and found.diverged_at == 2 and found.near_tie and found.margin == 0.07
+    third = compare(PLAIN, {2: [(71, 0.01), (70, 0.05)]}, [5, 6, 70])  # three candidates within the window
+    assert third.near_tie and third.margin == 0.05
 
 
 def test_a_divergence_elsewhere_or_to_another_token_breaks_the_promise():
-    assert not compare(PLAIN, {3: (0.07, 70)}, [5, 6, 70, 8, 9]).near_tie  # no near-tie noted at 2
-    assert not compare(PLAIN, {2: (0.07, 71)}, [5, 6, 70, 8, 9]).near_tie  # plain's runner-up was another token
+    assert not compare(PLAIN, {3: [(70, 0.07)]}, [5, 6, 70, 8, 9]).near_tie  # no near-tie noted at 2
+    assert not compare(PLAIN, {2: [(71, 0.07)]}, [5, 6, 70, 8, 9]).near_tie  # 70 was not within the window
 
 
 def test_an_output_that_stops_early_or_runs_on_is_not_a_near_tie():
-    early = compare(PLAIN, {3: (0.01, 1)}, PLAIN[:3])
+    early = compare(PLAIN, {3: [(1, 0.01)]}, PLAIN[:3])
     assert not early.identical and not early.near_tie and early.diverged_at == 3
     late = compare(PLAIN, {}, PLAIN + [10])
     assert not late.identical and not late.near_tie and late.diverged_at == 5

@@ -133,9 +133,9 @@ class Outcome:
     stats: dict[str, Any]
     finish_reason: str | None = None
     reasoning: str = ""
-    # greedy on a backend whose rows depend on the batch: positions whose top-2 logits were within the near-tie
-    # window -> (margin, runner-up) (``GenerationResult.near_ties``; ``ssr.agreement``)
-    near_ties: dict[int, tuple[float, int]] = field(default_factory=dict)
+    # greedy on a backend whose rows depend on the batch: positions where other tokens came within the near-tie
+    # window -> [(token, margin), ...] (``GenerationResult.near_ties``; ``ssr.agreement``)
+    near_ties: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 def forced_sequences(engine) -> list[list[int]]:

@@ -238,8 +238,8 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
 
     ties = near_tie_divergences(records)
     if ties:
-        lines += [f"{len(ties)} output(s) left plain decoding's tokens at a near-tie of plain's (its two best tokens "
-                  "within twice the kernel noise calibration measured; the backend's multi-row kernels round "
+        lines += [f"{len(ties)} output(s) left plain decoding's tokens at a near-tie of plain's (their token within "
+                  "twice the kernel noise calibration measured of plain's; the backend's multi-row kernels round "
                   "differently from its one-row kernels, so either token is the model's): "
                   + ", ".join(f"{r['item']} {r['method']} (token {r.get('first_difference')}, margin "
                               f"{fmt(r.get('near_tie_margin'), 3)})" for r in ties[:30]), ""]

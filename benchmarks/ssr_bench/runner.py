@@ -381,7 +381,7 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         "tool_calls": outcome.tool_calls,
     })
     if method not in M.REPLAY and not getattr(engine.backend, "row_exact", True):  # rows depend on the batch
-        record["near_ties"] = {str(i): list(v) for i, v in outcome.near_ties.items()}  # (JSON keys are strings)
+        record["near_ties"] = {str(i): [list(c) for c in v] for i, v in outcome.near_ties.items()}  # JSON keys: str
     if method in M.REPLAY:
         record["forward_passes"] = outcome.stats.get("forward_passes")
         if outcome.stats.get("prefill_s") is not None:  # the llama.cpp peer: its prompt evaluation
@@ -395,7 +395,7 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         record["identical_to_plain"] = diff is None
         record["first_difference"] = diff
         if diff is not None and plain.get("near_ties") is not None:  # a backend whose rows depend on the batch
-            ties = {int(i): (v[0], v[1]) for i, v in plain["near_ties"].items()}
+            ties = {int(i): [(int(t), m) for t, m in v] for i, v in plain["near_ties"].items()}
             agreement = compare(plain["token_ids"], ties, outcome.token_ids)
             record["near_tie"], record["near_tie_margin"] = agreement.near_tie, agreement.margin
         record["exact_method"] = method in M.EXACT
@@ -432,8 +432,8 @@ def _shout(run: BenchRun, record: dict[str, Any], plain: dict[str, Any] | None, 
                    f"\n    {record['method']:6}: ...{tok.decode(record['token_ids'][lo:at + 8])!r}")
     if record.get("near_tie"):
         run.log(_color(f"note: {record['item']} {record['method']} leaves plain at token {at}, a near-tie of plain's "
-                       f"(top-2 margin {record['near_tie_margin']:.3f}, within twice the measured kernel noise: the "
-                       f"backend's multi-row kernels round differently){context}", YELLOW))
+                       f"(its token {record['near_tie_margin']:.3f} below plain's, within twice the measured kernel "
+                       f"noise: the backend's multi-row kernels round differently){context}", YELLOW))
     elif record.get("diverged_at_forced_text"):
         run.log(_color(f"note: {record['item']} {record['method']} leaves plain at token {at}, where plain's budget "
                        f"forcing inserted text that generate() cannot (expected){context}", YELLOW))
