@@ -13,11 +13,12 @@ and its batched API fits SSR's lanes one to one:
 * Exactness. llama.cpp's CPU kernels are not batch-invariant: from 2 rows of a decode on, matmuls take other
   kernels (llamafile's sgemm for the f16 attention products, repacked gemm for each group of 4 rows), and flash
   attention splits a one-row decode's keys across threads, so a position's logits differ (by up to ~0.4 on the
-  embedded model) with the number of rows computed with it. Multi-row decodes are what makes speculation pay here
-  (a k-token batch costs far less than k steps), so the default (``exact=False``) puts the whole step in one
-  decode: SSR's greedy tokens then equal plain decoding's except at near-ties, positions whose two best logits
-  are closer than twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``), where either
-  token is the model's. ``exact=True`` keeps bitwise identity instead: every wanted row (and each lane's last fed
+  embedded model) with the number of rows computed with it. Multi-row decodes are what lets speculation pay here
+  (16 tokens in one decode cost 5.3 steps on a compute-bound 2-core CPU, far less on others), so the default
+  (``exact=False``) puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a
+  near-tie, a position where SSR's token lies within twice the kernel noise that calibration measures
+  (``ssr.calibrate.measure_noise``) of plain's, where either token is the model's (``ssr.agreement``).
+  ``exact=True`` keeps bitwise identity instead: every wanted row (and each lane's last fed
   token) in decodes of at most ``EXACT_ROWS`` rows, which gives the one-row kernels' bits but costs about a step
   per verified token, so SSR rarely speculates there.
 
