@@ -1,5 +1,5 @@
 """Programs that use an engine and end without ``close()``, each in a process of its own, for the exit tests
-(tests/test_exit.py): issue 32, a program that uses SSR exits cleanly.
+(tests/test_exit.py; tests/vllm/test_vllm_exit.py): issue 32, a program that uses SSR exits cleanly.
 
 Two kinds of program, alternating: "finished" runs one ``generate`` and ends (the scheduler's thread may still be
 leaving its last pass as the interpreter finalizes: the abort issue 32 measured); "streaming" also leaves a request

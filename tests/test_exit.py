@@ -46,7 +46,7 @@ def _installed(module: str) -> bool:
 def test_a_program_exits_cleanly_without_close(backend, request, tmp_path):
     if backend == "vllm":  # the real vLLM; its tests' own venv, model and engine arguments
         pytest.skip("vLLM is not installed here (its own venv: .ci/install_vllm.sh)" if not _installed("vllm") else
-                    "not run on vLLM yet: 20 fresh vLLM interpreters would take most of CI's vLLM stage")
+                    "vLLM's programs run in tests/vllm/test_vllm_exit.py (the tiny Qwen2 of tests/vllm)")
     if backend == "llama.cpp":
         if not _installed("llama_cpp"):
             pytest.skip("llama-cpp-python is not installed (bash scripts/install_llama_cpp.sh)")
