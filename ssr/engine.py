@@ -293,6 +293,7 @@ class SSREngine:
             tool_calls=parsed.tool_calls if parsed else [],
             invalid_tool_calls=parsed.invalid_tool_calls if parsed else [],
             content=parsed.content if parsed else answer, near_ties=dict(request.near_ties),
+            prompt_token_ids=list(request.prompt_ids),
         )
 
 

@@ -83,13 +83,39 @@ def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | Non
         raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound tools: {names}")
 
 
+# Free text under bound tools (tool_choice "auto") may not open a call in the untagged forms the parser also reads
+# as calls (``ssr.toolcalls``): a JSON object as the whole answer, or a JSON object in a code fence. There the grammar
+# takes over with the call rule, so a fenced call is as constrained as a tagged one (its JSON escaped, the name a
+# bound tool's, the arguments the tool's schema). Code fences of any other content stay free text.
+_FENCE_OPEN = r"```[\w-]*\s*\n\s*"  # as ``toolcalls._FENCED`` opens a fence, then the body's leading space
+
+
+def _free_text(repeat: str) -> str:
+    """Free text (``repeat`` "+": one character or more, "*": possibly none) that opens no untagged call."""
+    return (f"/(.|\\n){repeat}/ & ~/[ \\t\\n]*\\{{(.|\\n)*/"  # not a bare JSON object
+            f" & ~/(.|\\n)*{_FENCE_OPEN}\\{{(.|\\n)*/")  # nor a fence opening on a JSON object
+
+
+def _closed(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters with no keys beyond the declared ones, unless the schema says otherwise (as OpenAI's strict
+    mode): a function takes no arguments it does not name, and a small model otherwise copies the schema itself into
+    the arguments of a tool that takes none ({"properties": {}, "type": "object"})."""
+    if parameters.get("type") == "object" and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
+
+
 def tool_call_grammar(tools: list[dict[str, Any]], tool_choice: str | None, call_open: str = "<tool_call>",
                       call_close: str = "</tool_call>", special_markers: bool = True) -> str:
-    """Hermes/Qwen tool calls whose names are the bound tools' and whose arguments follow each tool's schema.
+    """Tool calls whose names are the bound tools' and whose arguments follow each tool's schema, in every form
+    ``ssr.toolcalls.parse_tool_calls`` reads as a call.
 
-    ``"auto"``: free text, and a call wherever the model opens one. ``"required"``/``"any"``: one call or more and
-    nothing else. A tool's name: calls to that tool only. With ``special_markers`` the call markers are the
-    tokenizer's special tokens; otherwise they are text, and free text ends lazily where a call opens.
+    ``"auto"``: free text, and a call wherever the model opens one: tagged (Hermes/Qwen ``<tool_call>``), a JSON
+    object in a code fence, or a JSON object as the whole answer (a JSON object can only be a call there). The
+    arguments take only the keys the tool declares (``_closed``).
+    ``"required"``/``"any"``: one tagged call or more and nothing else. A tool's name: calls to that tool only. With
+    ``special_markers`` the call markers are the tokenizer's special tokens; otherwise they are text, and free text
+    ends lazily where a call opens.
     """
     check_tool_choice(tools, tool_choice)
     free = tool_choice in (None, "auto")
@@ -98,18 +124,22 @@ def tool_call_grammar(tools: list[dict[str, Any]], tool_choice: str | None, call
     for i, tool in enumerate(chosen):
         fn = tool["function"]
         head = json.dumps(fn["name"] + '", "arguments": ')
-        rules.append(f"call_{i}: {head} {_json(fn.get('parameters') or {'type': 'object', 'properties': {}})}")
+        rules.append(f"call_{i}: {head} {_json(_closed(fn.get('parameters') or {'type': 'object', 'properties': {}}))}")
     body = " | ".join(f"call_{i}" for i in range(len(chosen)))
     opening, closing = (call_open, call_close) if special_markers else (json.dumps(call_open), json.dumps(call_close))
-    call = f'call: {opening} "\\n{{\\"name\\": \\"" ({body}) "}}\\n" {closing}'
-    if free and special_markers:
-        start = "start: (TEXT call)* TEXT\nTEXT: /(.|\\n)*/"
-    elif free:  # a text marker: the text before it is a lazy lexeme that ends at the marker
+    call = f'call: {opening} "\\n" call_json "\\n" {closing}'
+    call_json = f'call_json: "{{\\"name\\": \\"" ({body}) "}}"'
+    if not free:
+        start = "start: (WS? call)+ WS?"
+    elif special_markers:  # a fenced call: free text that ends with a fence's opening, then the call's JSON
+        start = "start: WS? call_json WS? | (TEXT? call | FENCE_OPEN call_json FENCE_END)* TEXT?"
+    else:  # a text marker: the text before it is a lazy lexeme that ends at the marker
         call = call.replace(f"call: {opening}", "call: open_call", 1)
-        start = f"start: call* TEXT\nopen_call[lazy]: TEXT {opening}\nTEXT: /(.|\\n)*/"
-    else:
-        start = "start: (WS? call)+ WS?\nWS: /[ \\t\\n]+/"
-    return "%llguidance {}\n" + "\n".join([start, call, *rules]) + "\n"
+        start = (f"start: WS? call_json WS? | (call | FENCE_OPEN call_json FENCE_END)* TEXT?\n"
+                 f"open_call[lazy]: TEXT_BEFORE_CALL {opening}\nTEXT_BEFORE_CALL: {_free_text('*')}")
+    lexemes = [f"TEXT: {_free_text('+')}", f"FENCE_OPEN: {_free_text('+')} & /(.|\\n)*{_FENCE_OPEN}/",
+               "FENCE_END: /\\s*```/"] if free else []
+    return "%llguidance {}\n" + "\n".join([start, call, call_json, *rules, *lexemes, "WS: /[ \\t\\n]+/"]) + "\n"
 
 
 def _ll_tokenizer(tokenizer, vocab_size: int, eos_ids: list[int]):

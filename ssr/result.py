@@ -29,6 +29,7 @@ class GenerationResult:
     # [(token, margin), ...]; where SSR and plain decoding differ, they differ first at such a position, SSR taking
     # one of those tokens (``ssr.agreement``)
     near_ties: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    prompt_token_ids: list[int] = field(default_factory=list)  # the prompt as decoded (template and recipe applied)
 
     @property
     def reasoning_tokens(self) -> int:

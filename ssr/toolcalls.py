@@ -15,6 +15,8 @@ import jsonschema
 
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCED = re.compile(r"```[\w-]*\s*\n(.*?)```", re.DOTALL)  # any fence language: small models mislabel
+_FENCE_OPEN = re.compile(r"```[\w-]*\s*\n")
+_JSON = json.JSONDecoder()
 
 
 @dataclass
@@ -51,7 +53,7 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None, id_se
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     spans = [(m.start(), m.end(), m.group(1)) for m in _TAGGED.finditer(text)]
     if not spans and tools:
-        spans = [(m.start(), m.end(), m.group(1)) for m in _FENCED.finditer(text) if _looks_like_call(m.group(1))]
+        spans = [span for span in _fenced_spans(text) if _looks_like_call(span[2])]
         if not spans and _looks_like_call(text.strip()):
             spans = [(0, len(text), text)]
     calls: list[dict[str, Any]] = []
@@ -66,6 +68,31 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None, id_se
     for start, end, _ in reversed(spans):
         content = content[:start] + content[end:]
     return ToolCallParse(content.strip(), calls, invalid)
+
+
+def _fenced_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, body) of each code fence, as ``_FENCED.finditer`` finds them, except that a body opening on a
+    JSON object that decodes and is followed by the closing fence ends there: a fence inside one of its strings (a
+    Markdown file written back) does not cut the call short."""
+    spans, at = [], 0
+    while (opening := _FENCE_OPEN.search(text, at)) is not None:
+        body_start = opening.end()
+        close = text.find("```", body_start)
+        brace = len(text) - len(text[body_start:].lstrip())
+        if text.startswith("{", brace):
+            try:
+                end = _JSON.raw_decode(text, brace)[1]
+            except json.JSONDecodeError:
+                pass
+            else:
+                after = len(text) - len(text[end:].lstrip())
+                if text.startswith("```", after):
+                    close = after
+        if close < 0:
+            break
+        spans.append((opening.start(), close + 3, text[body_start:close]))
+        at = close + 3
+    return spans
 
 
 def _looks_like_call(body: str) -> bool:

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .toolcalls import _FENCED, ToolCallParse, _looks_like_call, _parse_one, call_id
+from .toolcalls import _FENCED, ToolCallParse, _parse_one, call_id
 
 __all__ = ["ToolCallDelta", "ToolCallStream"]
 
@@ -462,8 +462,9 @@ _SPACE = re.compile(r"\s")
 class _FallbackHold:
     """Content held back while it may still be an untagged call that the final parse would take (tools bound, no
     tag yet): everything, once the answer's first non-space character is "{" (a bare JSON answer); otherwise each
-    code fence from its opening, until it closes (released if its body is not call-like, as ``_looks_like_call``
-    judges it; else held with everything after it). The fence is found as ``_FENCED.finditer`` finds it: the leftmost
+    code fence from its opening, until it closes (released if its body does not open on a JSON object; else held
+    with everything after it: the object may be a call whose strings hold a "```", which the final parse reads past,
+    ``toolcalls._fenced_spans``). The fence is found as ``_FENCED.finditer`` finds it: the leftmost
     "```" followed by ``[\\w-]*\\s*\\n``, closed by the next "```"; a closed fence is confirmed with ``_FENCED``
     itself. Held text is kept as pieces; only the last two characters of an open fence are looked at again."""
 
@@ -547,7 +548,7 @@ class _FallbackHold:
             i = end
             fence = self.flush()
             m = _FENCED.match(fence)
-            if m is not None and m.end() == len(fence) and _looks_like_call(m.group(1)):
+            if m is not None and m.end() == len(fence) and m.group(1).lstrip().startswith("{"):
                 self.held, self.state = [fence], "all"
             else:
                 out.append(fence)

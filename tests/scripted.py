@@ -40,11 +40,26 @@ class ScriptedBackend(Backend):
         self.answer = ""
         self.prompts: list[list[int]] = []  # every prompt prefilled (for assertions on what the adapter sent)
         self.reuse_prefix = reuse_prefix
+        # an agent loop's script, (reasoning, answer) per turn: each request takes the entry of its turn, the number
+        # of assistant turns its prompt holds after the user's last message (tool results aside; a demonstration's
+        # turns come before it), and thinks where the prompt opened a think block (a step after a tool result);
+        # None: ``set_script``'s one script for every request
+        self.turns: list[tuple[str, str]] | None = None
 
     def set_script(self, reasoning: str, answer: str, thinking: bool = True) -> None:
         """``thinking=False``: the script is the answer alone (a request made with ``thinking=False``)."""
         self.answer = answer
         self.script = reasoning + self.close_text + answer if thinking else answer
+
+    def _take_turn(self, prompt: list[int]) -> None:
+        if self.turns is None:
+            return
+        text = self.tokenizer.decode(prompt)
+        user = max(i for i in range(len(text)) if text.startswith("<|im_start|>user\n", i)
+                   and not text.startswith("<tool_response>", i + len("<|im_start|>user\n")))
+        turn = text.count("<|im_start|>assistant", user) - 1
+        reasoning, answer = self.turns[min(turn, len(self.turns) - 1)]
+        self.set_script(reasoning, answer, thinking=text.endswith("<think>\n"))
 
     # -- the "model" -----------------------------------------------------------------------------------------------
     def _next_token(self, seq: list[int], prompt_len: int) -> int:
@@ -71,6 +86,7 @@ class ScriptedBackend(Backend):
         if prefix is not None and self.reuse_prefix:
             prompt_len = len(prefix)
             self.prompts.append(list(prefix))
+            self._take_turn(prefix)
         lane = super().new_lane(prefix)
         self.lanes[lane].prompt_len = prompt_len
         return lane
@@ -89,6 +105,7 @@ class ScriptedBackend(Backend):
             if state.prompt_len is None:
                 state.prompt_len = len(feed)
                 self.prompts.append(list(feed))
+                self._take_turn(feed)
             state.tokens.extend(feed)
             seq = state.tokens
             k = (want or {}).get(lane, len(feed))

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from ssr import SSRConfig
 from ssr.grammar import Grammars, json_grammar, response_schema, tool_call_grammar
 from ssr.models import resolve_model
+from ssr.toolcalls import parse_tool_calls
 from tiny import TOOL_VOCAB, prompt_ids, tiny_engine
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
@@ -58,6 +59,45 @@ def test_call_grammar_by_tool_choice(qwen):
     assert not _follows(qwen, tool_call_grammar(TOOLS, "convert"), call)
     with pytest.raises(ValueError, match="names no bound tool"):
         tool_call_grammar(TOOLS, "get_time")
+
+
+WRITE_TOOL = [{"type": "function", "function": {"name": "write_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"]}}}]
+ESCAPED = json.dumps({"name": "write_file", "arguments": {"path": "calc.py", "content": (
+    'def add(a, b):\n    """Return "a" plus b."""\n    return a + b\n')}})
+
+
+@pytest.mark.parametrize("special_markers", [True, False])
+def test_auto_grammar_constrains_fenced_and_bare_calls(qwen, special_markers):
+    """Under "auto" the untagged call forms the parser reads (a JSON object in a code fence, or as the whole answer)
+    are constrained like tagged calls: valid JSON, a bound tool, schema-valid arguments. The docstring of a file
+    written back must be escaped; other code fences stay free text."""
+    auto = tool_call_grammar(WRITE_TOOL, "auto", special_markers=special_markers)
+    raw = ESCAPED.replace("\\n", "\n").replace('\\"', '"')  # the broken form: newlines and quotes unescaped
+    assert _follows(qwen, auto, f"I write the fix.\n```json\n{ESCAPED}\n```")
+    assert _follows(qwen, auto, f"```\n\n  {ESCAPED}```")
+    assert _follows(qwen, auto, f"  {ESCAPED}\n")  # the whole answer
+    assert _follows(qwen, auto, "Here:\n```python\ndef f():\n    return {1: 2}\n```\nDone. {not json}")
+    assert not _follows(qwen, auto, f"```json\n{raw}\n```")
+    assert not _follows(qwen, auto, '```json\n{"path": "calc.py"}\n```')  # a fenced JSON object is a call
+    assert not _follows(qwen, auto, '```json\n{"name": "run_tests", "arguments": {}}\n```')  # not a bound tool
+    assert not _follows(qwen, auto, '{"name": "write_file", "arguments": {"path": "a.py"}}')  # content missing
+    assert not _follows(qwen, auto, f"\n\n{ESCAPED}\n```\nmore")  # a fence's close with no opening: no call
+    no_args = [{"type": "function", "function": {"name": "tick", "parameters": {"type": "object", "properties": {}}}}]
+    closed = tool_call_grammar(no_args, "auto", special_markers=special_markers)  # only declared keys
+    assert _follows(qwen, closed, '```json\n{"name": "tick", "arguments": {}}\n```')
+    assert not _follows(qwen, closed, '```json\n{"name": "tick", "arguments": {"type": "object"}}\n```')
+    parsed = parse_tool_calls(f"I write the fix.\n```json\n{ESCAPED}\n```", WRITE_TOOL)
+    assert [c["arguments"] for c in parsed.tool_calls] == [json.loads(ESCAPED)["arguments"]]
+
+
+def test_a_fenced_call_whose_strings_hold_a_fence_parses():
+    """The fence of a call closes after its JSON, not at a fence inside one of its strings (a Markdown file)."""
+    call = json.dumps({"name": "write_file", "arguments": {"path": "README.md", "content": "```sh\nmake\n```\n"}})
+    parsed = parse_tool_calls(f"Writing it.\n```json\n{call}\n```\nThen the tests.", WRITE_TOOL)
+    assert [c["arguments"]["content"] for c in parsed.tool_calls] == ["```sh\nmake\n```\n"]
+    assert parsed.content == "Writing it.\n\nThen the tests." and not parsed.invalid_tool_calls
 
 
 def test_response_formats():

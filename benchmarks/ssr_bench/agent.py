@@ -237,7 +237,10 @@ class Step:
     tool_results: list[str]
     answer: str
     invalid: list[str] = field(default_factory=list)
-    prompt_ids: list[int] = field(default_factory=list)  # what the engine decoded from: replay peers start here
+    prompt_ids: list[int] = field(default_factory=list)  # what the engine decoded from (replay peers start here)
+    # a backend whose rows depend on the batch: positions in ``token_ids`` decided within the kernel noise
+    # (``GenerationResult.near_ties``), so a method that leaves plain's tokens there is told apart from a broken one
+    near_ties: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -251,6 +254,15 @@ class AgentOutcome:
     def token_ids(self) -> list[int]:
         """Every step's tokens, in order (what the exact methods must reproduce)."""
         return [t for s in self.steps for t in s.token_ids]
+
+    @property
+    def near_ties(self) -> dict[int, list[tuple[int, float]]]:
+        """Every step's near-ties, at their positions in ``token_ids``."""
+        out, offset = {}, 0
+        for step in self.steps:
+            out.update({offset + int(i): [(int(t), float(m)) for t, m in ties] for i, ties in step.near_ties.items()})
+            offset += len(step.token_ids)
+        return out
 
 
 def _assistant_turn(answer: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,7 +280,6 @@ def run_engine_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> A
     t_start = time.perf_counter()
     with Workspace(task) as ws:
         for _ in range(max_steps):
-            prompt_ids = engine.encode(messages, tools=TOOLS)  # the ids generate decodes from, for replay peers
             t0 = time.perf_counter()
             result = engine.generate(messages, tools=TOOLS, config=config)
             latency = time.perf_counter() - t0
@@ -281,7 +292,7 @@ def run_engine_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> A
                 outputs.append(out)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": out})
             steps.append(Step(list(result.token_ids), latency, dict(result.stats), calls, outputs, result.answer,
-                              invalid, prompt_ids))
+                              invalid, list(result.prompt_token_ids), dict(result.near_ties)))
             if not calls and not invalid:
                 break  # the model answered: the loop ends, as an agent framework's does
             if invalid and not calls:  # tell the model what was wrong, as agents do
@@ -293,8 +304,12 @@ def run_engine_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> A
     return AgentOutcome(task.id, solved, steps, time.perf_counter() - t_start)
 
 
-def _framework_tools(ws: Workspace) -> list[tuple[str, str, Callable[..., str]]]:
-    """(name, description, typed function) per tool: the frameworks build their tool schemas from the signatures."""
+def _framework_tools(ws: Workspace) -> list[tuple[str, str, Callable[..., str], dict[str, Any]]]:
+    """(name, description, typed function, parameters' JSON schema) per tool. Each front is given the engine loop's
+    own schemas (``TOOLS``, parameter descriptions included), so that every front renders the same tools into the
+    prompt and constrains the same call grammar: a schema a framework derived from the signature alone (no
+    descriptions; LlamaIndex adds titles) changed the 1.5B model's choices through LangChain on transformers, where
+    the same prompt gives the same tokens."""
     def list_files() -> str:
         return ws.call("list_files", {})
 
@@ -308,7 +323,17 @@ def _framework_tools(ws: Workspace) -> list[tuple[str, str, Callable[..., str]]]
         return ws.call("run_tests", {})
 
     fns = {f.__name__: f for f in (list_files, read_file, write_file, run_tests)}
-    return [(t["function"]["name"], t["function"]["description"], fns[t["function"]["name"]]) for t in TOOLS]
+    return [(fn["name"], fn["description"], fns[fn["name"]], fn["parameters"]) for fn in (t["function"] for t in TOOLS)]
+
+
+def _llamaindex_schema(name: str, parameters: dict[str, Any]) -> type:
+    """A pydantic model for LlamaIndex's ``fn_schema`` (the suite's parameters are all strings) whose JSON schema is
+    ``parameters`` exactly: pydantic's own would give each field a title and no description."""
+    from pydantic import create_model
+
+    model = create_model(f"{name}_args", **{key: (str, ...) for key in parameters.get("properties", {})})
+    model.model_json_schema = classmethod(lambda cls, *args, **kwargs: json.loads(json.dumps(parameters)))
+    return model
 
 
 def run_langchain_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -> AgentOutcome:
@@ -334,8 +359,8 @@ def run_langchain_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -
     timer = Timer()
     t_start = time.perf_counter()
     with Workspace(task) as ws:
-        tools = [StructuredTool.from_function(fn, name=name, description=desc)
-                 for name, desc, fn in _framework_tools(ws)]
+        tools = [StructuredTool.from_function(fn, name=name, description=desc, args_schema=parameters)
+                 for name, desc, fn, parameters in _framework_tools(ws)]
         agent = create_agent(ChatSSR(engine=engine, ssr_config=config), tools=tools)
         state: dict[str, Any] = {"messages": []}
         try:  # the state after each node: on the step limit the last one is kept
@@ -353,7 +378,9 @@ def run_langchain_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) -
         steps.append(Step(list(m.response_metadata.get("token_ids", [])),
                           timer.seconds[i] if i < len(timer.seconds) else 0.0, dict(m.response_metadata.get("ssr", {})),
                           calls, [results.get(c["id"], "") for c in calls], str(m.content),
-                          [c.get("error") or "invalid call" for c in m.invalid_tool_calls]))
+                          [c.get("error") or "invalid call" for c in m.invalid_tool_calls],
+                          list(m.response_metadata.get("prompt_token_ids", [])),
+                          dict(m.response_metadata.get("near_ties") or {})))
     return AgentOutcome(task.id, solved, steps, time.perf_counter() - t_start)
 
 
@@ -368,8 +395,9 @@ def run_llamaindex_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) 
     from llama_index.llms.ssr import SSR
 
     async def run(ws: Workspace) -> list[Step]:
-        tools = [FunctionTool.from_defaults(fn=fn, name=name, description=desc)
-                 for name, desc, fn in _framework_tools(ws)]
+        tools = [FunctionTool.from_defaults(fn=fn, name=name, description=desc,
+                                            fn_schema=_llamaindex_schema(name, parameters))
+                 for name, desc, fn, parameters in _framework_tools(ws)]
         agent = FunctionAgent(tools=tools, llm=SSR(engine=engine, ssr_config=config), streaming=False)
         handler = agent.run(user_msg=task.prompt(), max_iterations=max_steps)
         steps: list[Step] = []
@@ -384,7 +412,8 @@ def run_llamaindex_loop(engine, task: Task, config, max_steps: int = MAX_STEPS) 
                              for c in event.tool_calls]
                     steps.append(Step(list(raw.get("token_ids", [])), time.perf_counter() - start,
                                       dict(raw.get("stats") or {}), calls, [], str(event.response.content or ""),
-                                      [str(c) for c in raw.get("invalid_tool_calls", [])]))
+                                      [str(c) for c in raw.get("invalid_tool_calls", [])],
+                                      list(raw.get("prompt_token_ids", [])), dict(raw.get("near_ties") or {})))
                 elif isinstance(event, ToolCallResult) and steps:
                     steps[-1].tool_results.append(str(event.tool_output.content))
             await handler
@@ -416,6 +445,21 @@ def step_summary(step: Step) -> dict[str, Any]:
             "tools": [c["name"] for c in step.tool_calls], "invalid": step.invalid,
             "results": [r[:80] for r in step.tool_results], "answer": step.answer[:200],
             **({"prompt_ids": step.prompt_ids} if step.prompt_ids else {})}
+
+
+def prefill_accounting(steps: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """Per step after the first (step summaries with ``prompt_ids``): ``added``, how much the prompt grew since the
+    previous step's (the messages added since, the generation prompt's change), and ``prefilled``, the prompt
+    tokens the step computed (``prompt_tokens - reused_prompt_tokens``). An append-only loop whose cache carries
+    over prefills about ``added`` tokens; recipe text that moves between turns shows as prefill beyond it (the
+    conversation after the moved text is computed again)."""
+    out = []
+    for before, step in zip(steps, steps[1:]):
+        if not (before.get("prompt_ids") and step.get("prompt_ids")) or step.get("reused_prompt_tokens") is None:
+            continue
+        out.append({"added": len(step["prompt_ids"]) - len(before["prompt_ids"]),
+                    "prefilled": step["prompt_tokens"] - step["reused_prompt_tokens"]})
+    return out
 
 
 def describe(outcome: AgentOutcome) -> str:

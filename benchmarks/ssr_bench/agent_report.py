@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import methods as M
-from .agent import accepted_by_source
+from .agent import accepted_by_source, prefill_accounting
 from .figures import fmt, mean, pyplot, quantile, save
 
 SUITE = "agent"
@@ -39,9 +39,24 @@ def agent_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                                       if s.get("reused_prompt_tokens") is not None]),
             "prompt_per_step": mean([s["prompt_tokens"] for s in steps if s.get("prompt_tokens") is not None]),
             "accepted_by_source": accepted_by_source(steps),
+            # steps after the first: tokens prefilled against the tokens added since the previous step's prompt
+            **_prefill(r.get("steps") or [] for r in rs),
             "identical": sum(1 for r in compared if r["identical_to_plain"]), "compared": len(compared),
+            # a backend whose rows depend on the batch: tasks whose tokens left plain's first at a near-tie
+            "near_tie": sum(1 for r in compared if not r["identical_to_plain"] and r.get("near_tie")),
         }
     return out
+
+
+PREFILL_SLACK = 32  # the allowance over the added tokens (the generation prompt, a think prefill)
+
+
+def _prefill(runs) -> dict[str, Any]:
+    acc = [a for steps in runs for a in prefill_accounting(steps)]
+    return {"prefilled_per_step": mean([a["prefilled"] for a in acc]),
+            "added_per_step": mean([a["added"] for a in acc]),
+            "prefill_within": sum(1 for a in acc if a["prefilled"] <= a["added"] + PREFILL_SLACK),
+            "prefill_steps": len(acc)}
 
 
 def plot_step_latency(records: list[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path) -> Path:
@@ -79,7 +94,8 @@ def agent_section(records: list[dict[str, Any]], out: Path) -> list[str]:
         return []
     fronts = sorted({str(r.get("front")) for r in records if r.get("suite") == SUITE})
     cols = ("tasks solved", "steps", "step latency med (s)", "p90 (s)", "task latency mean (s)", "ratio to plain",
-            "passes / step", "tokens / step", "prompt reused / step", "accepted by source", "identical")
+            "passes / step", "tokens / step", "prompt reused / step", "prefilled / added (steps 2+)",
+            f"steps prefilling <= added + {PREFILL_SLACK}", "accepted by source", "identical")
     lines = [f"## agent suite (front: {', '.join(fronts)})", "", "| method | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for m, s in summary.items():
@@ -88,13 +104,21 @@ def agent_section(records: list[dict[str, Any]], out: Path) -> list[str]:
         row = (solved, s["steps"], fmt(s["step_latency_median"]), fmt(s["step_latency_p90"]),
                fmt(s["task_latency_mean"]), fmt(s["task_latency_ratio"], 3), fmt(s["passes_per_step"], 1),
                fmt(s["tokens_per_step"], 1), f"{fmt(s['reused_per_step'], 0)} of {fmt(s['prompt_per_step'], 0)}",
-               sources, f"{s['identical']}/{s['compared']}" if s["compared"] else "-")
+               f"{fmt(s['prefilled_per_step'], 0)} / {fmt(s['added_per_step'], 0)}",
+               f"{s['prefill_within']}/{s['prefill_steps']}" if s["prefill_steps"] else "-", sources,
+               (f"{s['identical']}/{s['compared']}" + (f" (+{s['near_tie']} near-tie)" if s["near_tie"] else ""))
+               if s["compared"] else "-")
         lines.append(f"| {m} | " + " | ".join(map(str, row)) + " |")
     p1 = plot_step_latency(records, summary, out / "agent_step_latency.png")
     p2 = plot_accepted_by_source(summary, out / "agent_accepted_by_source.png")
-    lines += ["", "Ratio to plain: the method's summed task latency over plain's on the same tasks. Identical: tasks "
-              "whose every step gave plain decoding's tokens. Front `replay`: a peer with its own decoding loop (vLLM, "
-              "llama.cpp, prompt lookup) generates plain's number of tokens from each of plain's step prompts; its "
+    lines += ["", "Prefilled / added: per step after the first, the prompt tokens the step computed (its prompt less "
+              "what the cache reused) against how much the prompt grew since the previous step "
+              "(``agent.prefill_accounting``); an append-only loop prefills what it adds.",
+              "", "Ratio to plain: the method's summed task latency over plain's on the same tasks. Identical: tasks "
+              "whose every step gave plain decoding's tokens; near-tie: tasks that left plain's tokens first where two "
+              "candidates were within the kernel noise (llama.cpp's multi-row decodes; ``ssr.agreement``). Front "
+              "`replay`: a peer with its own decoding loop (vLLM, llama.cpp, prompt lookup) generates plain's number "
+              "of tokens from each of plain's step prompts; its "
               "tasks count as solved where its tokens are plain's.", "", f"![per-step latency]({p1.name})", "",
               f"![accepted by source]({p2.name})", ""]
     return lines

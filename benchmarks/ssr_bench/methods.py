@@ -284,4 +284,4 @@ def run_agent(engine, item: dict[str, Any], config: SSRConfig, front: str = "eng
     return Outcome(token_ids=outcome.token_ids, answer=last.answer if last else "",
                    tool_calls=[{"name": c["name"], "arguments": c["arguments"]} for s in outcome.steps
                                for c in s.tool_calls],
-                   latency_s=outcome.latency_s, ttfa_s=None, stats=stats)
+                   latency_s=outcome.latency_s, ttfa_s=None, stats=stats, near_ties=outcome.near_ties)

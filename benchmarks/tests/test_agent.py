@@ -107,6 +107,50 @@ def test_loop_solves_the_task_and_ssr_gives_plain_tokens_at_every_step(agent_mod
     assert totals["forward_passes"] == sum(s.stats["forward_passes"] for s in ssr.steps)
 
 
+ADD = agent.TASKS_BY_ID["add"]
+# the fixed module, with a docstring and quotes, written back in a fenced JSON call (the form that broke the fronts'
+# loops when only tagged calls were constrained), then the tests in a tagged call, then a final answer
+FIXED = 'def add(a, b):\n    """Return the sum of "a" and \'b\'."""\n    return a + b\n'
+FENCED_TURNS = [("", "I will write the fix.\n```json\n" + json.dumps(
+                    {"name": "write_file", "arguments": {"path": "calc.py", "content": FIXED}}) + "\n```"),
+                ("The file is written; now the tests.", _call("run_tests", {})),
+                ("The tests pass.", "Fixed: add returns a + b and the tests pass.")]
+
+
+@pytest.mark.parametrize("front", agent.FRONTS)
+def test_each_front_runs_a_fenced_call_and_each_step_prefills_only_its_new_messages(tokenizer, front):  # noqa: F811
+    """Through the engine loop, LangChain's ``create_agent`` and a LlamaIndex ``FunctionAgent``: the model's
+    fenced ``write_file`` call (a docstring and quotes in its content) parses under the call grammar, runs, and
+    fixes the project; every step after the first reuses the previous step's cache: from the third on it prefills
+    no more than the prompt grew since (+32); the second, the first after a tool result, also prefills the user's
+    message again, which the instruct recipe's tool-result demonstration, put in before the conversation, moved
+    (``ssr.chat``); SSR gives plain decoding's tokens at every step."""
+    runs = {}
+    for enabled in (False, True):
+        engine = scripted_engine(tokenizer, reuse_prefix=True)
+        engine.backend.turns = FENCED_TURNS
+        runs[enabled] = agent.LOOPS[front](engine, ADD, SSRConfig(enabled=enabled, **CONFIG))
+    plain, ssr = runs[False], runs[True]
+    # every front renders the engine loop's tools (the same schemas) into the same first prompt
+    first = engine.encode([{"role": "user", "content": ADD.prompt()}], tools=agent.TOOLS)
+    for run in (plain, ssr):
+        assert run.steps[0].prompt_ids == first
+        assert run.solved, agent.describe(run)
+        assert [[c["name"] for c in s.tool_calls] for s in run.steps][:2] == [["write_file"], ["run_tests"]]
+        assert run.steps[0].tool_calls[0]["arguments"] == {"path": "calc.py", "content": FIXED}
+        assert not any(s.invalid for s in run.steps)
+        summaries = [agent.step_summary(s) for s in run.steps]
+        accounting = agent.prefill_accounting(summaries)
+        assert len(accounting) == len(run.steps) - 1 >= 1
+        # the first step after a tool result puts the demonstration before the conversation: the user's message
+        # moves, and is prefilled again (the demonstration itself is prompt growth)
+        user_turn = len(tokenizer.encode(f"<|im_start|>user\n{ADD.prompt()}<|im_end|>\n", add_special_tokens=False))
+        for i, (step, counts) in enumerate(zip(summaries[1:], accounting)):
+            allowance = 32 + (user_turn if i == 0 else 0)
+            assert step["reused_prompt_tokens"] > 0 and counts["prefilled"] <= counts["added"] + allowance, (i, counts)
+    assert [s.token_ids for s in ssr.steps] == [s.token_ids for s in plain.steps]
+
+
 def test_step_limit_ends_a_loop_that_never_finishes(agent_model):
     agent_model.script = [("", _call("list_files", {}))] + [("Again.", _call("list_files", {}))] * 3
     run = agent.run_engine_loop(agent_model, TASK, SSRConfig(enabled=False, **CONFIG), max_steps=3)
@@ -179,3 +223,13 @@ def test_a_peer_with_its_own_loop_replays_plains_steps(agent_model, tmp_path, mo
     assert replay["score"] == (1.0 if wrong_from is None else None)
     report = write_report(tmp_path / "results.jsonl").read_text()
     assert ("| prompt-lookup | 1/1 | 3 |" if wrong_from is None else "| prompt-lookup | - | 3 |") in report
+
+
+def test_near_ties_of_a_loop_sit_at_their_place_in_its_tokens():
+    """A loop's near-ties (a backend whose rows depend on the batch) are each step's, moved to the step's place in
+    the loop's token ids, so the first difference from plain's tokens is classified where it happened."""
+    steps = [agent.Step([1, 2, 3], 0.0, {}, [], [], "", near_ties={1: [(7, 0.1)]}),
+             agent.Step([4, 5], 0.0, {}, [], [], "", near_ties={0: [(8, 0.2)], 1: [(9, 0.3)]})]
+    outcome = agent.AgentOutcome("t", False, steps, 0.0)
+    assert outcome.near_ties == {1: [(7, 0.1)], 3: [(8, 0.2)], 4: [(9, 0.3)]}
+    assert outcome.token_ids == [1, 2, 3, 4, 5]

@@ -40,7 +40,8 @@ def test_coding_agent_example_runs_a_task_of_the_suite(capsys):
     spec = importlib.util.spec_from_file_location("coding_agent", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    assert example.main(["--steps", "2", "--front", "langchain", "--backend", "transformers"]) == 0
-    out = capsys.readouterr().out
+    assert example.main(["--steps", "2", "--task", "is_even", "--model", "default", "--backend", "transformers"]) == 0
+    out = capsys.readouterr().out  # LangChain's create_agent is the example's default front
     assert out.startswith("task is_even: The project has the files mathutils.py, test_mathutils.py.")
     assert "\n  1: " in out and "forward passes where plain decoding runs" in out
+    assert "  step 1: prompt " in out and " prefilled" in out

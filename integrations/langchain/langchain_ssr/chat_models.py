@@ -718,12 +718,15 @@ def _usage(res: Any) -> UsageMetadata:
 
 
 def _response_metadata(res: Any, model_name: str) -> dict[str, Any]:
-    """``tool_call_errors``: what the engine found wrong with the well-formed calls that still go out as tool calls
+    """``token_ids``/``prompt_token_ids``: what was generated and the prompt it was generated from (template and
+    recipe applied), to compare runs token for token and to see what an agent step's cache could reuse.
+    ``tool_call_errors``: what the engine found wrong with the well-formed calls that still go out as tool calls
     (``GenerationResult.executable_tool_calls``: the tool executor rejects them, the model reads why)."""
     errors = [{"id": c.get("id"), "name": c["name"], "error": c.get("error")}
               for c in res.invalid_tool_calls if "arguments" in c]
     return {"model_name": model_name, "model_provider": PROVIDER, "finish_reason": res.finish_reason,
-            "token_ids": list(res.token_ids), "ssr": res.stats, **({"tool_call_errors": errors} if errors else {}),
+            "token_ids": list(res.token_ids), "prompt_token_ids": list(res.prompt_token_ids), "ssr": res.stats,
+            **({"tool_call_errors": errors} if errors else {}),
             **({"near_ties": dict(res.near_ties)} if res.near_ties else {})}
 
 

@@ -172,6 +172,9 @@ def raw_of(result: Any, model_name: Optional[str] = None) -> Dict[str, Any]:
         "usage": usage_of(result),
         "stats": result.stats,
         "token_ids": list(result.token_ids),  # what was generated, to compare runs token for token
+        "prompt_token_ids": list(result.prompt_token_ids),  # the prompt it came from (template and recipe applied)
+        # positions decided within the kernel noise, on a backend whose rows depend on the batch (llama.cpp)
+        **({"near_ties": dict(result.near_ties)} if result.near_ties else {}),
     }
 
 
