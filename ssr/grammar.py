@@ -22,6 +22,8 @@ import jsonschema
 import numpy as np
 import torch
 
+from .toolcalls import FENCE_OPEN
+
 
 def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     """The JSON schema an OpenAI-style ``response_format`` asks for (None: free text). ``json_object`` is any JSON
@@ -87,7 +89,7 @@ def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: str | Non
 # as calls (``ssr.toolcalls``): a JSON object as the whole answer, or a JSON object in a code fence. There the grammar
 # takes over with the call rule, so a fenced call is as constrained as a tagged one (its JSON escaped, the name a
 # bound tool's, the arguments the tool's schema). Code fences of any other content stay free text.
-_FENCE_OPEN = r"```[\w-]*\s*\n\s*"  # as ``toolcalls._FENCED`` opens a fence, then the body's leading space
+_FENCE_OPEN = FENCE_OPEN + r"\s*"  # as the parser opens a fence, then the body's leading space
 
 
 def _free_text(repeat: str) -> str:
@@ -131,12 +133,12 @@ def tool_call_grammar(tools: list[dict[str, Any]], tool_choice: str | None, call
     call_json = f'call_json: "{{\\"name\\": \\"" ({body}) "}}"'
     if not free:
         start = "start: (WS? call)+ WS?"
-    elif special_markers:  # a fenced call: free text that ends with a fence's opening, then the call's JSON
-        start = "start: WS? call_json WS? | (TEXT? call | FENCE_OPEN call_json FENCE_END)* TEXT?"
-    else:  # a text marker: the text before it is a lazy lexeme that ends at the marker
-        call = call.replace(f"call: {opening}", "call: open_call", 1)
-        start = (f"start: WS? call_json WS? | (call | FENCE_OPEN call_json FENCE_END)* TEXT?\n"
-                 f"open_call[lazy]: TEXT_BEFORE_CALL {opening}\nTEXT_BEFORE_CALL: {_free_text('*')}")
+    else:  # a fenced call: free text that ends with a fence's opening (FENCE_OPEN), then the call's JSON
+        tagged, lazy = "TEXT? call", ""
+        if not special_markers:  # a text marker: the text before it is a lazy lexeme that ends at the marker
+            call, tagged = call.replace(f"call: {opening}", "call: open_call", 1), "call"
+            lazy = f"\nopen_call[lazy]: TEXT_BEFORE_CALL {opening}\nTEXT_BEFORE_CALL: {_free_text('*')}"
+        start = f"start: WS? call_json WS? | ({tagged} | FENCE_OPEN call_json FENCE_END)* TEXT?{lazy}"
     lexemes = [f"TEXT: {_free_text('+')}", f"FENCE_OPEN: {_free_text('+')} & /(.|\\n)*{_FENCE_OPEN}/",
                "FENCE_END: /\\s*```/"] if free else []
     return "%llguidance {}\n" + "\n".join([start, call, call_json, *rules, *lexemes, "WS: /[ \\t\\n]+/"]) + "\n"

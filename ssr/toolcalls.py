@@ -14,8 +14,9 @@ from typing import Any
 import jsonschema
 
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FENCED = re.compile(r"```[\w-]*\s*\n(.*?)```", re.DOTALL)  # any fence language: small models mislabel
-_FENCE_OPEN = re.compile(r"```[\w-]*\s*\n")
+FENCE_OPEN = r"```[\w-]*\s*\n"  # a code fence's opening, any language (small models mislabel); the call grammar's too
+_FENCED = re.compile(FENCE_OPEN + r"(.*?)```", re.DOTALL)
+_FENCE_OPEN = re.compile(FENCE_OPEN)
 _JSON = json.JSONDecoder()
 
 
