@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .costs import CostTable
 from .models import cache_dir
+from .threads import on_own_thread
 
 ROWS = (1, 2, 3)
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -186,15 +187,8 @@ def calibrated(backend, refresh: bool = False, rows=ROWS, widths=WIDTHS, context
             return table
         except (ValueError, KeyError, TypeError):  # unreadable or from an older layout: measure again
             pass
-    meta = {}
-    if _selects_kernels(backend):
-        meta["kernels"] = backend.select_kernels(reps=reps, progress=progress)
-    table = measure_costs(backend, rows=rows, widths=widths, context=context, reps=reps, progress=progress)
-    if not getattr(backend, "row_exact", True):  # rows depend on the batch: what a near-tie is, on this machine
-        meta["noise"] = round(measure_noise(backend, context=context), 6)
-    table = replace(table, meta={**table.meta, **meta, "model": backend.model_name,
-                                 "backend": type(backend).__name__, "dtype": str(getattr(backend, "dtype", None)),
-                                 "device": str(getattr(backend, "device", None))})
+    # on a thread of its own: the OpenMP team it starts ends with it (ssr.threads: why that matters)
+    table = on_own_thread(_measure, backend, rows, widths, context, reps, progress, name="ssr-calibrate")
     if table.meta.get("spread", 0) > NOISY:  # measured while other processes shared the CPUs: not kept
         return table
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +196,20 @@ def calibrated(backend, refresh: bool = False, rows=ROWS, widths=WIDTHS, context
     tmp.write_text(json.dumps(table.to_dict(), indent=1))
     os.replace(tmp, path)
     return table
+
+
+def _measure(backend, rows, widths, context: int, reps: int, progress: bool) -> CostTable:
+    """The cost table measured now (the kernel choice first where the backend has one, the noise where rows depend
+    on the batch), with what it was measured on in its meta."""
+    meta = {}
+    if _selects_kernels(backend):
+        meta["kernels"] = backend.select_kernels(reps=reps, progress=progress)
+    table = measure_costs(backend, rows=rows, widths=widths, context=context, reps=reps, progress=progress)
+    if not getattr(backend, "row_exact", True):  # rows depend on the batch: what a near-tie is, on this machine
+        meta["noise"] = round(measure_noise(backend, context=context), 6)
+    return replace(table, meta={**table.meta, **meta, "model": backend.model_name,
+                                "backend": type(backend).__name__, "dtype": str(getattr(backend, "dtype", None)),
+                                "device": str(getattr(backend, "device", None))})
 
 
 def markdown(table: CostTable) -> str:

@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from numbers import Real
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator, TypeVar
 
 from .backends import choose_backend, load_backend
 from .chat import (
@@ -32,8 +32,11 @@ from .models import backend_model_path, canonical_name
 from .policy import SpeculationPolicy
 from .result import GenerationResult, StreamEvent
 from .scheduler import Scheduler
+from .threads import on_own_thread
 from .toolcalls import ToolCallParse, prompt_seed
 from .toolstream import ToolCallStream
+
+T = TypeVar("T")
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -76,13 +79,23 @@ class SSREngine:
         its measured cost table (``ssr.calibrate``: from the disk cache, or measured now, in seconds)."""
         name = canonical_name(model)
         chosen = choose_backend(backend, name)
-        loaded = load_backend(chosen, backend_model_path(chosen, model), name, **backend_kwargs)
+        # loaded on a thread of its own: the OpenMP team a load starts ends with it (ssr.threads)
+        loaded = on_own_thread(load_backend, chosen, backend_model_path(chosen, model), name, name="ssr-load",
+                               **backend_kwargs)
         return cls(loaded, loaded.tokenizer, config=config, family=family, model_name=name, costs=costs,
                    max_queue=max_queue, max_running=max_running)
 
     @property
     def closed(self) -> bool:
         return self.scheduler.closed
+
+    def run_on_engine_thread(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the thread that runs every step, between two passes; its result returned.
+
+        For torch (or llama.cpp) work in the same process, an embedding model for example: run on any other
+        long-lived thread, it starts an OpenMP team of its own, and from then on every step is slower (about 1.6x on
+        a 2-core CPU; ``ssr.threads``). Requests wait while ``fn`` runs."""
+        return self.scheduler.call(lambda: fn(*args, **kwargs))
 
     def load_stats(self) -> dict[str, int]:
         """Requests waiting and running now, and the backend's live lanes."""

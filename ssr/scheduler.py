@@ -6,7 +6,8 @@ step, since a step with a few more rows costs little more than one row. A new re
 its own, in chunks while others are decoding, so a long prompt stalls them by one chunk at a time; requests start
 one prefill at a time, so that a request can fork the cached prompt of one already running (``Backend.new_lane``).
 
-Only this thread touches the backend, so callers iterate their streams without holding any lock. Admission is
+Only this thread touches the backend, so callers iterate their streams without holding any lock; other compute
+that must share its OpenMP team runs there too, between passes (``call``). Admission is
 bounded (``QueueFull``); a request that times out, or whose caller cancels it, is closed at the next pass
 boundary, queued, prefilling or mid-stream alike, which frees its lanes; a pass that raises fails only the
 requests in it, and the scheduler goes on serving the others.
@@ -18,13 +19,14 @@ import collections
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from .decode import Decoding, Event, Phase, Step
 from .errors import Cancelled, QueueFull, RequestTimeout
 from .policy import Shared
 
 _END = object()
+T = TypeVar("T")
 
 
 class Job:
@@ -100,6 +102,7 @@ class Scheduler:
         self.passes = 0  # backend steps run (one per iteration and kind: decode, prefill)
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
+        self._calls: collections.deque[tuple[Callable[[], object], dict, threading.Event]] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -115,11 +118,34 @@ class Scheduler:
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); "
                                 f"retry later")
             self._waiting.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True, name="ssr-scheduler")
-                self._thread.start()
+            self._start()
             self._wake.notify()
         return job
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the scheduler's thread, between two passes (running requests wait for it); its result
+        returned, its exception raised here. Why: compute on another long-lived thread starts an OpenMP team of its
+        own, which slows every later step (``ssr.threads``); on this thread it shares the steps' team."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box: dict = {}
+        done = threading.Event()
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._calls.append((fn, box, done))
+            self._start()
+            self._wake.notify()
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _start(self) -> None:
+        """Start the thread on first use (under ``_wake``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="ssr-scheduler")
+            self._thread.start()
 
     @property
     def closed(self) -> bool:
@@ -147,18 +173,28 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not (self._waiting or self._running or self._closed):
+                while not (self._waiting or self._running or self._calls or self._closed):
                     self._wake.wait()
                 if self._closed:
                     jobs, self._running = list(self._waiting) + self._running, []
                     self._waiting.clear()
                     break
+                calls = list(self._calls)
+                self._calls.clear()
+            for call in calls:
+                _run_call(*call)
             self._admit()
             self._iterate()
             with self._wake:
                 self._running = [job for job in self._running if job.step is not None]
         for job in jobs:
             job.stop(Cancelled("the engine was closed"))
+        with self._wake:
+            calls = list(self._calls)
+            self._calls.clear()
+        for _, box, done in calls:
+            box["error"] = RuntimeError("the engine is closed")
+            done.set()
 
     def _admit(self) -> None:
         """Start the next waiting request once no request is prefilling: its lane can then fork the cached prompt
@@ -222,6 +258,15 @@ class Scheduler:
                 if job.prefilled < len(job.next_step.feeds[lane]):
                     continue  # more of the prompt to come; these logits are not needed
             job.advance({lane: out[lane] for lane in job_feeds})
+
+
+def _run_call(fn: Callable[[], object], box: dict, done: threading.Event) -> None:
+    try:
+        box["result"] = fn()
+    except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+        box["error"] = exc
+    finally:
+        done.set()
 
 
 def _share(jobs: list[Job], parts: dict[Job, tuple[dict, dict]]) -> None:

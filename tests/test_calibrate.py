@@ -3,6 +3,8 @@ loaded). Counts only: nothing here depends on timings."""
 
 from __future__ import annotations
 
+import threading
+
 import ssr.calibrate as calibrate
 from ssr.backends.transformers import TransformersBackend
 from test_backends_kernels import CHOSEN, TIMINGS
@@ -111,3 +113,19 @@ def test_padded_envelope_makes_costs_monotone():
     seconds = {(1, 1): 1.0, (1, 2): 0.9, (1, 4): 3.0, (2, 1): 1.1, (2, 2): 2.5, (2, 4): 2.0}
     env = padded_envelope(seconds, (1, 2), (1, 2, 4))
     assert env == {(1, 1): 0.9, (1, 2): 0.9, (1, 4): 2.0, (2, 1): 1.1, (2, 2): 2.0, (2, 4): 2.0}
+
+
+def test_calibration_runs_on_a_thread_of_its_own(tmp_path, monkeypatch):
+    """Measuring steps on the caller's thread would leave an OpenMP team there for good, slowing every later step
+    of the engine's own thread (ssr.threads): calibration runs on a thread that has ended when it returns."""
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    ran_on = []
+    measure = calibrate.measure_costs
+
+    def recorded(*args, **kwargs):
+        ran_on.append(threading.current_thread())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "measure_costs", recorded)
+    calibrate.calibrated(backend(), refresh=True, **GRID)
+    assert len(ran_on) == 1 and ran_on[0] is not threading.current_thread() and not ran_on[0].is_alive()

@@ -15,6 +15,8 @@ token for token plain decoding's.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -362,3 +364,22 @@ def test_sampling_keeps_the_distribution_with_multi_row_verification(engine):
     if not any(row[-1] for row in table):
         table = [row[:-1] for row in table]
     assert len(keys) >= 2 and chi2_contingency(table).pvalue > 1e-3, counts
+
+
+@pytest.mark.real_model
+def test_llama_cpp_peer_runs_in_a_process_of_its_own(backend, prompt_ids):
+    """The ``llama.cpp`` peer (``Llama.generate``) is a child process, as a user runs it: in this process its OpenMP
+    threads would slow the engine's decodes and its own (ssr.threads). It answers plain's number of greedy tokens
+    and ends when closed."""
+    from ssr_bench.llama_cpp_peer import LlamaCppPeer
+
+    ref, _ = greedy(backend, prompt_ids, 8)
+    peer = LlamaCppPeer(backend.model_path, n_ctx=2048, n_threads=backend.n_threads)
+    try:
+        assert peer._proc.pid != os.getpid() and peer._proc.is_alive()
+        out = peer.generate(prompt_ids, 8)
+        assert len(out["token_ids"]) == 8 and out["seconds"] > 0
+        assert out["token_ids"][:2] == ref[:2]  # the same model and GGUF (the first tokens are no tie)
+    finally:
+        peer.close()
+    assert not peer._proc.is_alive() and peer._proc.exitcode == 0

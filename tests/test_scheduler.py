@@ -323,3 +323,26 @@ def _wait(condition, timeout: float = 30.0) -> None:
             return
         deadline.wait(0.01)
     raise AssertionError("condition not reached")
+
+
+def test_work_run_on_the_engine_thread_shares_it_between_passes():
+    """``run_on_engine_thread`` runs on the thread that steps every request (one OpenMP team: ssr.threads), between
+    two passes: a request streaming meanwhile gives the tokens it gives alone; errors reach the caller; a closed
+    engine refuses."""
+    e = engine()
+    stepped_on = set()
+    e.backend.hook = lambda feeds: stepped_on.add(threading.current_thread())
+    (p1, c1), = requests(1, seed=23)
+    stream = e.stream(p1, config=c1)
+    next(stream)  # the request is running
+    passes = e.scheduler.passes
+    ran_on = e.run_on_engine_thread(threading.current_thread)
+    assert stepped_on == {ran_on} and ran_on is not threading.current_thread()
+    tokens = next(ev.result.token_ids for ev in stream if ev.kind == "done")
+    assert e.scheduler.passes > passes and tokens == alone([(p1, c1)])[0]
+    with pytest.raises(ZeroDivisionError):
+        e.run_on_engine_thread(lambda: 1 / 0)
+    assert e.run_on_engine_thread(sum, [1, 2], start=3) == 6
+    e.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        e.run_on_engine_thread(int)

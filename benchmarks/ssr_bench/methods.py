@@ -220,10 +220,16 @@ class PromptLookupPeer:
             kwargs["eos_token_id"] = eos
         if pad is not None:
             kwargs["pad_token_id"] = pad
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
-        return {"token_ids": out[0, len(prompt_ids):].tolist(), "seconds": time.perf_counter() - t0}
+
+        def run() -> dict[str, Any]:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(input_ids, temperature=None, top_p=None, top_k=None, **kwargs)
+            return {"token_ids": out[0, len(prompt_ids):].tolist(), "seconds": time.perf_counter() - t0}
+
+        # on the engine's thread, in the OpenMP team its steps use: on this thread it would start a second team, and
+        # libgomp would slow both from then on (ssr.threads)
+        return self.engine.run_on_engine_thread(run)
 
 
 def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
