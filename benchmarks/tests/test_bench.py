@@ -319,6 +319,7 @@ class FakeEngine:
         self.tokenizer = _Tok()
         self.backend = _FakeBackend()
         self.calls = []
+        self.on_engine_thread = 0
         self.diverge_ssr = diverge_ssr
         self.fail_on = fail_on
 
@@ -349,6 +350,10 @@ class FakeEngine:
             if ev.kind == "done":
                 return ev.result
 
+    def run_on_engine_thread(self, fn, *args, **kwargs):
+        self.on_engine_thread += 1  # the prompt-lookup peer's generate comes through here
+        return fn(*args, **kwargs)
+
 
 @pytest.fixture
 def fake_items(monkeypatch):
@@ -377,6 +382,7 @@ def test_runner_interleaves_and_resumes(tmp_path, fake_items):
     assert eng.backend.released == len(recs)  # every method started from an empty prompt cache
     pl = [r for r in recs if r["method"] == "prompt-lookup"]
     assert all(r["n_tokens"] == 4 for r in pl)  # max_new_tokens = plain's length
+    assert eng.on_engine_thread == len(pl)  # transformers' generate ran on the engine's thread
     r0 = recs[2]
     assert r0["latency_s"] >= 0 and r0["accepted_prefix"] == 1 and r0["draft_tokens"] == 3
     assert r0["token_hash"] == M.token_hash([5, 6, 7, 8]) and r0["answer_forward_passes"] == 2
