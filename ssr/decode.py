@@ -183,6 +183,8 @@ class Decoding:
             room = min(room, self.config.max_think_tokens - t.think_tokens)
         context = Context(tail_of(self.prompt_ids, t.tokens), t.raw_answer() if not t.thinking else "")
         found = first_proposal(proposers, context, room - 1) if proposers else None
+        if proposers:  # how often this phase has something to propose: the draft forks' pricing reads it
+            self.policy.counts.record_found("think" if t.thinking else "answer", found is not None)
         if found is None:
             return Proposal([], "none")
         proposal = found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens),
@@ -391,6 +393,7 @@ class Decoding:
             "think_tokens": t.think_tokens,
             "answer_tokens": len(t.answer_tokens),
             "forced_tokens": t.forced,
+            "forced_spans": [list(span) for span in t.forced_spans],  # [index in token_ids, length]: replayable
             "think_closed_by": t.closed_by,
             "accepted_tokens": accepted,
             "accepted_prefix_tokens": c.accepted_prefix,

@@ -8,11 +8,14 @@ per source and match length, engine-wide, so a later request prices its proposal
 
 A draft lane adds a row to every thinking pass, padded to the tokens the thinking lane verifies in it, until the
 thinking ends. It is priced over the thinking expected to remain (the mean of what earlier requests thought beyond
-this point): it costs the extra row on every pass (at the thinking lane's best proposal length with and without it)
-and its first pass's wider feed (the pending tokens and the close), and it writes, a pass, as many answer tokens as
-its own proposals in that width yield; it pays only when those tokens (times the share of draft tokens the answer
-accepted, times what an answer token costs with suffix proposals alone) save more than that. A thinking lane that
-copies itself several tokens a pass thus finishes before a draft has written much. With a table that prices every
+this point): it costs the extra row on every pass and its first pass's wider feed (the pending tokens and the
+close), and it writes, a pass, as many answer tokens as its own proposals in that width yield; it pays only when
+those tokens (times the share of draft tokens the answer accepted, times what an answer token costs with suffix
+proposals alone) save more than that. A lane proposes only on the passes where a source matched (counted per phase:
+``found_share``); its other passes are one-token passes, where a second row costs what the table says of two rows
+of one token. Without that share a wide thinking pass, into which a draft row pads nearly free, would be priced as
+if it were every pass (on HumanEval the thinking lane finds a proposal on about one pass in six). A thinking lane
+that copies itself several tokens a pass thus finishes before a draft has written much. With a table that prices every
 extra row and token as a whole step (``CostTable.linear()``) nothing pays, and SSR decodes exactly as plain decoding
 does.
 
@@ -30,6 +33,7 @@ from .costs import CostTable
 PRIOR_RATE = 0.6  # per-token acceptance assumed before anything was measured
 PRIOR_WEIGHT = 4.0  # ... worth this many observed positions
 PRIOR_DRAFT_YIELD = 0.5  # share of draft tokens the answer accepts, before any draft was scored
+PRIOR_FOUND = 0.5  # share of a phase's passes where a source has a proposal, before any pass was counted
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # match lengths are counted in buckets: <=1, <=2, <=4, <=8, <=16, more
 THINK_LENGTHS_KEPT = 64  # the newest requests' thinking lengths, for the thinking expected to remain
 
@@ -54,6 +58,8 @@ class AcceptanceCounts:
     accepted: dict[tuple[str, int], float] = field(default_factory=dict)
     phase_tried: dict[str, float] = field(default_factory=dict)  # per phase ("think", "answer"), suffix sources
     phase_accepted: dict[str, float] = field(default_factory=dict)
+    phase_passes: dict[str, float] = field(default_factory=dict)  # per phase, passes that looked for a proposal
+    phase_found: dict[str, float] = field(default_factory=dict)  # ... and found one (verified or declined)
     draft_tokens: int = 0
     draft_accepted: int = 0
     think_lengths: list[int] = field(default_factory=list)  # thinking tokens of the newest requests that thought
@@ -78,6 +84,16 @@ class AcceptanceCounts:
         if phase is not None and source not in ("prefix", "bootstrap"):
             self.phase_tried[phase] = self.phase_tried.get(phase, 0.0) + tried
             self.phase_accepted[phase] = self.phase_accepted.get(phase, 0.0) + accepted
+
+    def record_found(self, phase: str, found: bool) -> None:
+        """A pass of ``phase`` looked for a proposal; ``found``: a source had one."""
+        self.phase_passes[phase] = self.phase_passes.get(phase, 0.0) + 1
+        self.phase_found[phase] = self.phase_found.get(phase, 0.0) + found
+
+    def found_share(self, phase: str) -> float:
+        """Share of ``phase``'s passes on which a source has a proposal."""
+        return ((self.phase_found.get(phase, 0.0) + PRIOR_FOUND * PRIOR_WEIGHT)
+                / (self.phase_passes.get(phase, 0.0) + PRIOR_WEIGHT))
 
     def record_drafts(self, tokens: int, accepted: int) -> None:
         self.draft_tokens += tokens
@@ -143,10 +159,20 @@ class SpeculationPolicy:
         return min(((self._step(rows, k + 1, shared), expected_tokens(rate, k), k + 1) for k in range(max_k + 1)),
                    key=lambda c: c[0] / c[1])
 
-    def cost_per_token(self, rows: int, rate: float, max_k: int = 16, shared: Shared = ALONE) -> float:
-        """Step cost per token of a lane that proposes at its best length, beside ``rows - 1`` other lanes of its
-        request and ``shared``."""
-        cost, tokens, _ = self.best_pass(rows, rate, max_k, shared)
+    def mean_pass(self, rows: int, rate: float, found: float, max_k: int = 16,
+                  shared: Shared = ALONE) -> tuple[float, float, int]:
+        """A lane's mean pass beside ``rows - 1`` other lanes of its request and ``shared``, when a share ``found`` of
+        its passes has a proposal (verified at the best length) and the rest feed one token: the mean cost, the
+        mean tokens, and the width of its proposing passes."""
+        cost, tokens, width = self.best_pass(rows, rate, max_k, shared)
+        one = self._step(rows, 1, shared)
+        return found * cost + (1 - found) * one, found * tokens + (1 - found), width
+
+    def cost_per_token(self, rows: int, rate: float, found: float = 1.0, max_k: int = 16,
+                       shared: Shared = ALONE) -> float:
+        """Step cost per token of a lane that proposes at its best length on a share ``found`` of its passes,
+        beside ``rows - 1`` other lanes of its request and ``shared``."""
+        cost, tokens, _ = self.mean_pass(rows, rate, found, max_k, shared)
         return cost / tokens
 
     def fork_pays(self, rows: int, think_speculation: bool = True, shared: Shared = ALONE,
@@ -156,13 +182,18 @@ class SpeculationPolicy:
         draft row adds to a shared step delays every request in it."""
         if think_left <= 0:
             return False  # the thinking is expected to end now: a draft would write nothing
-        think = self.counts.phase_rate("think") if think_speculation else 0.0
-        answer = self.counts.phase_rate("answer")
-        cost, think_tokens, width = self.best_pass(rows + 1, think, shared=shared)
-        row = (cost / think_tokens - self.cost_per_token(rows, think, shared=shared)) * (shared.requests + 1)
+        c = self.counts
+        think = c.phase_rate("think") if think_speculation else 0.0
+        think_found = c.found_share("think") if think_speculation else 0.0
+        answer, answer_found = c.phase_rate("answer"), c.found_share("answer")
+        cost, think_tokens, width = self.mean_pass(rows + 1, think, think_found, shared=shared)
+        row = (cost / think_tokens - self.cost_per_token(rows, think, think_found, shared=shared)) * (
+            shared.requests + 1)
         first = (self._step(rows + 1, max(width, fork_feed), shared) - cost) * (shared.requests + 1)
-        draft_tokens = expected_tokens(answer, width - 1) / think_tokens  # written per thinking token
-        saved = draft_tokens * self.counts.draft_yield * self.cost_per_token(1, answer)
+        # a draft fills a wide pass with its own proposal, where it has one; else it writes a token a pass
+        wide = answer_found * expected_tokens(answer, width - 1) + (1 - answer_found)
+        draft_tokens = (think_found * wide + (1 - think_found)) / think_tokens  # written per thinking token
+        saved = draft_tokens * c.draft_yield * self.cost_per_token(1, answer, answer_found)
         loss = row + first / think_left  # per thinking token
         return loss <= 0.0 or saved > loss
 

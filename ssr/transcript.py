@@ -123,6 +123,7 @@ class Transcript:
         self.finish: Finish | None = None
         self.sampled = 0  # tokens the model chose (each one costs a forward pass in plain decoding)
         self.forced = 0
+        self.forced_spans: list[tuple[int, int]] = []  # (index in tokens, length) of each forced text, in order
         self._head = "" if thinking else family.answer_prefill  # harmony: the prompt's text that opens the answer
         self._parsed: tuple[str, harmony.HarmonyParse] | None = None  # harmony: the last answer text parsed
         if not thinking and answer_opening:
@@ -184,6 +185,7 @@ class Transcript:
         while cut > 0 and len(self.decode(self.tokens[:cut])) > at:
             cut -= 1
         del self.tokens[cut:]
+        self.forced_spans = [span for span in self.forced_spans if span[0] < cut]
         self._all.truncate(cut)
         self._shown.truncate(cut)  # usually kept: it lags behind the tokens that spelled the marker
         self._append_forced(self.continue_ids)
@@ -194,6 +196,8 @@ class Transcript:
         return self._mark_closed(by)
 
     def _append_forced(self, ids: list[int]) -> None:
+        if ids:
+            self.forced_spans.append((len(self.tokens), len(ids)))
         self.tokens.extend(ids)
         self.forced += len(ids)
 

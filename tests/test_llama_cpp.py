@@ -338,6 +338,34 @@ def test_llama_server_peers_start_answer_and_stop(backend, prompt_ids):
 
 
 @pytest.mark.real_model
+def test_llama_server_replays_plain_with_its_forced_text(backend, engine):
+    """Plain decoding forces text (the continue text below min_think_tokens, the close at max_think_tokens), which a
+    server's own loop cannot write: the harness stops the server there, appends the text and lets it go on from its
+    cache. The replay is plain's work, forced text included: its tokens are plain's, token for token (the server
+    decodes a token a step, as plain decoding does, and prefills the forced text in one batch, as plain does)."""
+    from ssr_bench.llama_server import LlamaServerPeer, find_server
+
+    if find_server() is None:
+        pytest.skip("no llama-server build (bash scripts/install_llama_cpp.sh --tools builds one)")
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    budget = dict(BUDGET, max_think_tokens=24)
+    result = engine.generate(messages, config=SSRConfig(enabled=False, **budget))
+    spans = result.stats["forced_spans"]
+    assert spans and result.stats["think_closed_by"] == "budget"  # the close was forced (and perhaps a continue)
+    forced = M.forced_text({"token_ids": result.token_ids, "forced_spans": spans})
+    peer = LlamaServerPeer("llama-server", backend.model_path, n_threads=backend.n_threads, n_ctx=2048)
+    try:
+        out = M.generate_with_forced(peer, engine.encode(messages), len(result.token_ids), forced)
+    finally:
+        peer.close()
+    assert out["calls"] >= 2  # the server went on from its cache after forced text
+    # plain's tokens, but for an end of turn that ends plain's output: the server, asked for plain's number of
+    # tokens, may not stop there (ignore_eos)
+    n = len(result.token_ids) - (result.token_ids[-1] in backend.eos_token_ids)
+    assert len(out["token_ids"]) == len(result.token_ids) and out["token_ids"][:n] == result.token_ids[:n]
+
+
+@pytest.mark.real_model
 def test_sampling_keeps_the_distribution_with_multi_row_verification(engine):
     """Sampling on the multi-row mode: SSR's point-mass proposals (the earlier turn, which the model is asked to
     repeat) verified in multi-row decodes keep plain sampling's distribution of the first answer tokens

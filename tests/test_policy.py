@@ -57,6 +57,8 @@ def test_forks_pay_where_an_extra_lane_costs_less_than_what_drafts_save():
     for _ in range(100):
         counts.record("thinking", 8, 3, 3, phase="think")  # the thinking copies itself
         counts.record("thinking", 8, 3, 3, phase="answer")  # ... and the answer copies the thinking
+        counts.record_found("think", True)  # ... on every pass
+        counts.record_found("answer", True)
     assert not SpeculationPolicy(padded, counts).fork_pays(1)
     assert not SpeculationPolicy(padded, counts).fork_pays(1, think_speculation=False)  # the answer is cheap anyway
     hard = AcceptanceCounts()
@@ -102,10 +104,14 @@ EPYC = CostTable(rows=(1, 2, 3), widths=(1, 2, 3, 4, 6, 8, 12, 16),
                        (1.16, 1.21, 1.8, 1.94, 2.23, 2.77, 3.76, 4.66)))
 
 
-def _phase_rates(think: float, answer: float) -> AcceptanceCounts:
+def _phase_rates(think: float, answer: float, think_found: float = 1.0, answer_found: float = 1.0
+                 ) -> AcceptanceCounts:
+    """Counts with these per-token acceptance rates, a source having a proposal on these shares of the passes."""
     counts = AcceptanceCounts()
     counts.phase_tried = {"think": 1e6, "answer": 1e6}
     counts.phase_accepted = {"think": think * 1e6, "answer": answer * 1e6}
+    counts.phase_passes = {"think": 1e6, "answer": 1e6}
+    counts.phase_found = {"think": think_found * 1e6, "answer": answer_found * 1e6}
     return counts
 
 
@@ -117,6 +123,28 @@ def test_a_draft_is_priced_by_the_tokens_it_writes_a_pass():
     assert copying.fork_pays(1, think_speculation=False, think_left=25, fork_feed=6)
     novel = SpeculationPolicy(EPYC, _phase_rates(think=0.3, answer=0.6))
     assert novel.fork_pays(1, think_left=25, fork_feed=6)
+
+
+# llama.cpp's table for the embedded 0.5B Q4_K_M on the 2-core AMD EPYC, 2 threads (`ssr calibrate`, 2026-12-04)
+EPYC_LLAMA_CPP = CostTable(rows=(1, 2, 3), widths=(1, 2, 3, 4, 6, 8, 12, 16),
+                           cost=((1.0, 2.36, 2.97, 3.30, 4.69, 4.69, 5.51, 5.88),
+                                 (2.32, 3.18, 4.30, 4.30, 5.28, 5.87, 9.41, 12.23),
+                                 (2.92, 4.82, 5.38, 5.38, 7.04, 8.74, 12.36, 17.28)))
+
+
+def test_a_draft_is_priced_by_the_passes_that_propose():
+    """Where a second row costs 1.3 steps but pads nearly free into a wide verification, a draft pays only if the
+    thinking lane verifies wide proposals on most passes. Measured on HumanEval, it finds one on about one pass in
+    six: the fork that was priced as if every pass proposed (a draft lane, then 1.5x the thinking's time) does not
+    pay; the same rates with a proposal on every pass still do."""
+    assert SpeculationPolicy(EPYC_LLAMA_CPP, _phase_rates(think=0.8, answer=0.9)).fork_pays(1, think_left=100,
+                                                                                          fork_feed=5)
+    rare = _phase_rates(think=0.8, answer=0.9, think_found=1 / 6, answer_found=0.5)
+    assert not SpeculationPolicy(EPYC_LLAMA_CPP, rare).fork_pays(1, think_left=100, fork_feed=5)
+    counts = AcceptanceCounts()
+    for found in [True] + [False] * 5:
+        counts.record_found("think", found)
+    assert counts.found_share("think") == pytest.approx((1 + 0.5 * 4) / (6 + 4))  # the prior weighs 4 passes
 
 
 def test_a_fork_that_thinking_will_not_outlast_does_not_pay():
@@ -185,5 +213,8 @@ def test_declined_proposals_are_scored_in_hindsight_until_the_policy_speculates(
     counts = engine.policy.counts
     assert counts.phase_tried["think"] > 16 and counts.rate("thinking", 32) > 0.9  # learnt, mostly unverified
     assert ssr.stats["speculation"]["think"]["accepted"] > 0  # then verified, and accepted
+    think = ssr.stats["speculation"]["think"]
+    assert counts.phase_passes["think"] == think["steps"]  # every thinking pass looked for a proposal (plain none)
+    assert think["verify_steps"] <= counts.phase_found["think"] < think["steps"]  # found: verified or declined
     assert ssr.stats["forward_passes"] < plain.stats["forward_passes"]
     assert ssr.token_ids == plain.token_ids

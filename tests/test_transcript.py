@@ -127,6 +127,21 @@ def test_real_text_min_think_rewind(qwen):
     assert REWOUND in statuses and CLOSED in statuses
 
 
+def test_forced_text_is_located_in_the_tokens(qwen):
+    """``forced_spans`` says where each forced text lies in the tokens (the benchmark's replay peers insert it there):
+    the continue text after a rewind, the close text at the budget; the spans hold every forced token."""
+    cfg = SSRConfig(max_think_tokens=30, min_think_tokens=12, max_tokens=60)
+    t = Transcript(qwen, QWEN2_INSTRUCT, cfg, QWEN_EOS)
+    for token in encode(qwen, "short </think> " + MIXED * 2):
+        if t.push(token) == CLOSED:
+            break
+    assert t.closed_by == "budget" and len(t.forced_spans) == 2
+    (at_continue, n_continue), (at_close, n_close) = t.forced_spans
+    assert t.tokens[at_continue:at_continue + n_continue] == t.continue_ids
+    assert t.tokens[at_close:at_close + n_close] == t.close_ids and at_close + n_close == len(t.tokens)
+    assert n_continue + n_close == t.forced
+
+
 def test_real_text_budget_eos_and_length(qwen):
     ids = encode(qwen, MIXED * 3)
     assert run(qwen, QWEN2_INSTRUCT, ids, QWEN_EOS, max_think_tokens=23).count(CLOSED) == 1  # budget close

@@ -6,8 +6,10 @@ in its own ``Llama`` in a process of its own, as a user runs it: llama.cpp's Ope
 otherwise share one libgomp, which stops spinning at barriers once the process holds more OpenMP threads than CPUs
 and slows both (``ssr.threads``). Like the vLLM peers it generates exactly as many tokens as plain decoding did on the
 same prompt ids (it keeps going past an end-of-turn token), so latencies compare the same amount of work; its token
-ids are compared with plain's (it cannot insert the engine's budget-forcing text, so it may leave plain's tokens
-exactly there). ``Llama.generate`` keeps the previous prompt's cache for a shared prefix, as SSR's parked lane does.
+ids are compared with plain's. Its loop cannot insert the engine's budget-forcing text, so the harness stops it where
+plain forced text, appends that text and lets it go on (``methods.generate_with_forced``). ``Llama.generate`` keeps
+the previous prompt's cache for a shared prefix, as SSR's parked lane does, so a continuation prefills only what it
+adds.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ class LlamaCppPeer:
         child.close()
         self.generate([0, 1, 2, 3], 2)  # warm-up (first-call allocations)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
-        """See ``_generate``; timed in the peer process."""
+    keeps_prefix = True  # ``Llama.generate`` keeps the cache of the prefix a prompt shares with the last one
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, reuse_cache: bool = True) -> dict[str, Any]:
+        """See ``_generate``; timed in the peer process. (``reuse_cache``: ``Llama`` always does.)"""
         self._conn.send(([int(t) for t in prompt_ids], int(max_tokens)))
         try:
             status, reply = self._conn.recv()

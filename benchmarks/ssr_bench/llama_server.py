@@ -8,8 +8,11 @@ Three methods, each a real server process on 127.0.0.1 over the run's GGUF file,
 
 Like the other replay peers, a request asks for exactly plain's number of tokens from plain's prompt ids
 (``ignore_eos``), greedy, with ``cache_prompt`` off (every method prefills its prompt, as the engine's methods do
-after ``release_all``). The time is the HTTP round trip on loopback; the server's own ``timings`` (prompt and
-decode milliseconds, drafted and accepted tokens) are kept in the record.
+after ``release_all``). Where plain decoding forced text (budget forcing), the peer decodes up to it, the text is
+appended and a continuation request (``cache_prompt`` on: only the added tokens are prefilled) goes on, so the peer
+does plain's work, forced text included (``methods.generate_with_forced``). The time is the HTTP round trips on
+loopback; the server's own ``timings`` of the first request (prompt and decode milliseconds, drafted and accepted
+tokens) are kept in the record.
 
 The binary: ``$SSR_LLAMA_SERVER``, else the one ``scripts/install_llama_cpp.sh --tools`` keeps beside the installed
 llama-cpp-python wheel (the same llama.cpp source and build flags as the backend, with the libraries built with it),
@@ -113,10 +116,15 @@ class LlamaServerPeer:
     def _tail(self) -> str:
         return Path(self.log.name).read_text(errors="replace")[-2000:]
 
-    def generate(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
-        """Greedy, exactly ``max_tokens`` new tokens: ``{"token_ids", "seconds", "steps", "prefill_s", "server"}``."""
+    keeps_prefix = True  # with ``reuse_cache``: a continuation prefills only what it adds (``methods.run_peer``)
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, reuse_cache: bool = False) -> dict[str, Any]:
+        """Greedy, exactly ``max_tokens`` new tokens: ``{"token_ids", "seconds", "steps", "prefill_s", "server"}``.
+        ``reuse_cache``: keep the slot's cache for the prefix this prompt shares with the last request and its
+        output (a continuation after forced text); off, the whole prompt is prefilled."""
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_tokens), "temperature": 0.0,
-                "top_k": 1, "ignore_eos": True, "cache_prompt": False, "return_tokens": True, "stream": False}
+                "top_k": 1, "ignore_eos": True, "cache_prompt": bool(reuse_cache), "return_tokens": True,
+                "stream": False}
         request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()

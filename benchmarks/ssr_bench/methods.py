@@ -247,11 +247,46 @@ def _answer_text(engine, text: str, item: dict[str, Any]) -> tuple[str, list[dic
     return answer, tool_calls
 
 
-def run_peer(peer, engine, item: dict[str, Any], max_tokens: int) -> Outcome:
+def forced_text(plain: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """Plain decoding's forced text (budget forcing's close and continue text, a forced answer opening): each
+    span's index in plain's tokens and its tokens."""
+    ids = plain.get("token_ids") or []
+    return [(int(at), ids[at:at + n]) for at, n in plain.get("forced_spans") or [] if at + n <= len(ids)]
+
+
+def generate_with_forced(peer, ids: list[int], max_tokens: int,
+                         forced: list[tuple[int, list[int]]]) -> dict[str, Any]:
+    """``max_tokens`` tokens from a peer whose decoding loop cannot insert text, with plain decoding's forced text
+    inserted where plain inserted it: the peer decodes up to a span, the span's tokens are appended to the context,
+    and it goes on from there, reusing its cache (``peer.keeps_prefix``: each continuation prefills only the tokens
+    added since the last call, as plain decoding feeds forced text in one batch). The peer then does plain's work,
+    forced text included, and where its tokens equal plain's it decodes plain's output."""
+    tokens: list[int] = []
+    seconds, parts = 0.0, []
+    for at, span in [*forced, (max_tokens, [])]:
+        if at > len(tokens):
+            out = peer.generate(ids + tokens, at - len(tokens), reuse_cache=bool(tokens))
+            parts.append(out)
+            seconds += out["seconds"]
+            tokens += out["token_ids"]
+            if len(tokens) < at:  # the peer stopped early: nothing to line the span up with
+                break
+        tokens += span
+    return {"token_ids": tokens[:max_tokens], "seconds": seconds, "steps": None,
+            "prefill_s": parts[0].get("prefill_s") if parts else None, "calls": len(parts),
+            **({"server": parts[0]["server"]} if parts and "server" in parts[0] else {})}
+
+
+def run_peer(peer, engine, item: dict[str, Any], max_tokens: int,
+             forced: list[tuple[int, list[int]]] | None = None) -> Outcome:
     """A peer with its own decoding loop (``vllm_peers.VLLMPeer``, ``llama_cpp_peer.LlamaCppPeer``,
-    ``PromptLookupPeer``: one interface) on the engine's prompt ids, ``max_tokens`` greedy tokens."""
+    ``PromptLookupPeer``: one interface) on the engine's prompt ids, ``max_tokens`` greedy tokens; with plain's
+    ``forced`` text inserted where plain inserted it, for the peers that keep their cache between calls."""
     ids = engine.encode(item["messages"], tools=item.get("tools"), tool_choice=item.get("tool_choice"))
-    out = peer.generate(ids, max(1, max_tokens))
+    if forced and getattr(peer, "keeps_prefix", False):
+        out = generate_with_forced(peer, ids, max(1, max_tokens), forced)
+    else:
+        out = peer.generate(ids, max(1, max_tokens))
     new = out["token_ids"]
     answer, tool_calls = _answer_text(engine, engine.tokenizer.decode(new, skip_special_tokens=True), item)
     return Outcome(token_ids=new, answer=answer, tool_calls=tool_calls, latency_s=out["seconds"], ttfa_s=None,

@@ -103,8 +103,13 @@ def _whole_from_draft(record: dict[str, Any]) -> float | None:
 def mismatches(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outputs that differ from plain decoding, except the replay peers' expected divergence at forced text (and
     ``bare``, which decodes another prompt by design)."""
-    return [r for r in latest(records) if r.get("identical_to_plain") is False
-            and not r.get("diverged_at_forced_text") and not r.get("near_tie") and r.get("method") != "bare"]
+    return [r for r in latest(records) if r.get("identical_to_plain") is False and not r.get("diverged_at_forced_text")
+            and not r.get("ended_at_ignored_eos") and not r.get("near_tie") and r.get("method") != "bare"]
+
+
+def ignored_eos_endings(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replay peers whose only difference is the last token: plain's end-of-turn, which the peer may not stop at."""
+    return [r for r in latest(records) if r.get("identical_to_plain") is False and r.get("ended_at_ignored_eos")]
 
 
 def near_tie_divergences(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -227,6 +232,12 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
         lines += ["No MISMATCH: every compared output is token-identical to plain decoding"
                   + (" or leaves it at a near-tie of plain's (below)" if near_tie_divergences(records) else "")
                   + (" (the replay peers' divergences at forced text aside, below)." if expected else "."), ""]
+    eos_endings = ignored_eos_endings(records)
+    if eos_endings:
+        lines += [f"{len(eos_endings)} replay peer output(s) equal plain's but for the last token, plain's end-of-turn "
+                  "token: a peer asked for plain's number of tokens decodes with the end of turn banned "
+                  "(llama-server's ignore_eos), so it writes its runner-up there: "
+                  + ", ".join(f"{r['item']} {r['method']}" for r in eos_endings), ""]
     if expected:
         lines += [f"Replay peers ({', '.join(sorted({r['method'] for r in expected}))}) left plain's tokens on "
                   f"{len(expected)} output(s) exactly where plain's budget forcing inserted text (the close text at "

@@ -149,6 +149,7 @@ def summarize_stats(stats: dict[str, Any]) -> dict[str, Any]:
         "think_tokens": stats.get("think_tokens"),
         "answer_tokens": stats.get("answer_tokens"),
         "forced_tokens": stats.get("forced_tokens"),
+        "forced_spans": stats.get("forced_spans"),  # the replay peers insert plain's forced text where it went
         "think_closed_by": stats.get("think_closed_by"),
         "forward_passes": stats.get("forward_passes"),
         "answer_forward_passes": stats.get("answer_forward_passes"),
@@ -355,7 +356,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
                 outcome = M.replay_agent(peer, plain)
                 record["front"], record["steps"] = "replay", outcome.stats.pop("steps")
             else:
-                outcome = M.run_peer(peer, engine, item, max_tokens=len(plain["token_ids"]))
+                outcome = M.run_peer(peer, engine, item, max_tokens=len(plain["token_ids"]),
+                                     forced=M.forced_text(plain))
         elif suite == "agent":
             outcome = M.run_agent(engine, item, cfg, run.agent_front, run.agent_steps)
             record["front"] = run.agent_front
@@ -403,6 +405,10 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
             record["plain_forced_tokens"] = plain.get("forced_tokens")
             record["diverged_at_forced_text"] = bool(plain.get("forced_tokens")) and M.diverged_at_forced_text(
                 plain["token_ids"], diff, M.forced_sequences(engine))
+            # plain ended on an end-of-turn token, which a peer asked for plain's number of tokens must not stop at
+            # (llama-server's ignore_eos bans it): the last token differs by construction
+            record["ended_at_ignored_eos"] = diff is not None and diff == len(plain["token_ids"]) - 1 and int(
+                plain["token_ids"][-1]) in set(getattr(engine.backend, "eos_token_ids", ()) or ())
         record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None
     elif method == M.PLAIN:
         record["identical_to_plain"] = True

@@ -93,6 +93,10 @@ class LlamaCppBackend(Backend[_Lane]):
     Hugging Face tokenizer or the directory of one (default: see the module docstring).
     """
 
+    # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
+    # calibration ran on a thread of its own, ssr.threads) priced multi-row steps too cheap, so they are measured again
+    cost_version = "one-openmp-team"
+
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
                  n_ubatch: int | None = None, exact: bool = False, repack: bool = True, tokenizer=None,
