@@ -132,26 +132,43 @@ def _sync(out) -> None:
         return
 
 
-def cpu_name() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_name() -> str:
+    """The CPU's name with its family and model: a VM often names every generation alike ("AMD EPYC"), and two
+    generations' step costs differ (docs/backends/llama-cpp.md measured one such pair)."""
+    info = _cpuinfo()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    if info.get("cpu family") and info.get("model"):
+        name += f" (family {info['cpu family']} model {info['model']})"
+    return name
 
 
 def machine() -> dict:
-    """What a cost table depends on besides the model and backend."""
+    """What a cost table depends on besides the model and backend (the CPU flags as a digest: the kernels a build
+    and a hypervisor expose)."""
     try:
         import torch
 
         threads, torch_version = torch.get_num_threads(), torch.__version__
     except ImportError:
         threads, torch_version = None, None
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "torch": torch_version}
+    flags = " ".join(sorted((_cpuinfo().get("flags") or "").split()))
+    return {"cpu": cpu_name(), "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else None,
+            "cores": os.cpu_count(), "threads": threads, "torch": torch_version}
 
 
 def cache_key(backend, **grid) -> str:

@@ -86,6 +86,20 @@ def test_cache_key_depends_on_setup(monkeypatch):
     assert calibrate.cache_key(b) != key
 
 
+def test_cache_key_tells_cpu_generations_with_one_name_apart(monkeypatch):
+    """A VM names two AMD EPYC generations alike ("AMD EPYC"); their step costs differ, so the family and model, and
+    the flags the hypervisor exposes, are part of the key."""
+    b = backend()
+    zen4 = {"model name": "AMD EPYC", "cpu family": "25", "model": "17", "flags": "avx2 avx512f"}
+    zen5 = dict(zen4, **{"cpu family": "26", "model": "2"})
+    keys = []
+    for info in (zen4, zen5, dict(zen4, flags="avx2")):
+        monkeypatch.setattr(calibrate, "_cpuinfo", lambda info=info: info)
+        keys.append(calibrate.cache_key(b))
+    assert len(set(keys)) == 3
+    assert calibrate.cpu_name() == "AMD EPYC (family 25 model 17)"
+
+
 def test_markdown_and_kernel_text():
     md = calibrate.markdown(TABLE)
     assert md.splitlines()[0] == "| lanes \\ tokens per lane | 1 | 2 | 4 |"

@@ -125,7 +125,7 @@ def test_a_draft_is_priced_by_the_tokens_it_writes_a_pass():
     assert novel.fork_pays(1, think_left=25, fork_feed=6)
 
 
-# llama.cpp's table for the embedded 0.5B Q4_K_M on the 2-core AMD EPYC, 2 threads (`ssr calibrate`, 2026-12-04)
+# llama.cpp's table for the embedded 0.5B Q4_K_M on a 2-core AMD EPYC (Zen 5), 2 threads (ssr calibrate, 2026-12-04)
 EPYC_LLAMA_CPP = CostTable(rows=(1, 2, 3), widths=(1, 2, 3, 4, 6, 8, 12, 16),
                            cost=((1.0, 2.36, 2.97, 3.30, 4.69, 4.69, 5.51, 5.88),
                                  (2.32, 3.18, 4.30, 4.30, 5.28, 5.87, 9.41, 12.23),

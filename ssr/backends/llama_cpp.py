@@ -94,7 +94,7 @@ class LlamaCppBackend(Backend[_Lane]):
     """
 
     # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
-    # calibration ran on a thread of its own, ssr.threads) priced multi-row steps too cheap, so they are measured again
+    # calibration ran on a thread of its own, ssr.threads; its barrier waits weigh most on one-row steps) are stale
     cost_version = "one-openmp-team"
 
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
