@@ -33,6 +33,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}a\n{%- endif -%}"
 )
 TINY_FAMILY = ChatFamily(name="tiny", close_text="\n</think>\n", continue_text="Wait", think_prefill="")
+# where the tiny models run: CPU here; ``SSR_TEST_DEVICE=cuda`` runs the exactness matrix on a GPU
+# (benchmarks/gpu/check.sh), float32 with TF32 off
+DEVICE = os.environ.get("SSR_TEST_DEVICE", "cpu")
 
 
 def tiny_tokenizer(vocab: list[str] = VOCAB) -> PreTrainedTokenizerFast:
@@ -56,7 +59,7 @@ def tiny_model(seed: int, vocab_size: int = len(VOCAB), attention: float = 1.0, 
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.mul_(attention)
-    return model
+    return model.to(DEVICE)
 
 
 def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, vocab: list[str] = VOCAB,
