@@ -3,7 +3,8 @@
 # installs the engine's other dependencies from wheels carried in .whl/ (no network there), then
 #   1. the exactness matrix on CUDA: tests/test_exactness_greedy.py and test_exactness_sampling.py with the tiny
 #      random models on the GPU (SSR_TEST_DEVICE=cuda, float32, TF32 off), and the device tests that skip on a CPU;
-#   2. the step costs of models shaped like Qwen2.5-Coder-0.5B and 1.5B, bf16 and float32 (calibrate_shapes.py).
+#   2. greedy agreement in bf16 on the same cases and models (bf16_agreement.py);
+#   3. the step costs of models shaped like Qwen2.5-Coder-0.5B and 1.5B, bf16 and float32 (calibrate_shapes.py).
 # Everything it writes goes to $OUT (default gpu-out).
 #
 #   bash benchmarks/gpu/check.sh            (wheels: pip download ... -d .whl, see docs/backends/transformers.md)
@@ -20,6 +21,7 @@ start=$(date +%s)
 SSR_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -rxs -p no:cacheprovider -n 8 \
   tests/test_exactness_greedy.py tests/test_exactness_sampling.py tests/test_device.py 2>&1 | tee "$OUT/cuda_tests.log"
 echo "check: CUDA tests $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
+SSR_TEST_DEVICE=cuda timeout 120 python3 benchmarks/gpu/bf16_agreement.py "$OUT" 2>&1 | tee "$OUT/bf16.log"
 start=$(date +%s)
 timeout 240 python3 benchmarks/gpu/calibrate_shapes.py "$OUT" 2>&1 | tee "$OUT/calibrate.log"
 echo "check: calibration $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
