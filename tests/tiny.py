@@ -63,11 +63,11 @@ def tiny_model(seed: int, vocab_size: int = len(VOCAB), attention: float = 1.0, 
 
 
 def tiny_engine(seed: int = 0, attention: float = 1.0, scale: float = 0.3, vocab: list[str] = VOCAB,
-                **config) -> SSREngine:
+                dtype: torch.dtype = torch.float32, **config) -> SSREngine:
     from ssr import SSRConfig
 
     tokenizer = tiny_tokenizer(vocab)
-    model = tiny_model(seed, vocab_size=len(vocab), attention=attention, scale=scale)
+    model = tiny_model(seed, vocab_size=len(vocab), attention=attention, scale=scale).to(dtype)
     backend = TransformersBackend(model, "tiny", {0}, 0)
     backend.tokenizer = tokenizer
     # a flat cost table: every proposal and draft pays, so the exactness matrix exercises every speculation path

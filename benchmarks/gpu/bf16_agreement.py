@@ -17,35 +17,24 @@ sys.path[:0] = [str(ROOT / "tests")]
 
 import torch  # noqa: E402
 from test_exactness_greedy import CASES, MODELS, PROMPTS, _prompt, run_pair  # noqa: E402
-from tiny import DEVICE, TINY_FAMILY, tiny_model, tiny_tokenizer  # noqa: E402
+from tiny import DEVICE, tiny_engine  # noqa: E402
 
-from ssr.backends.transformers import TransformersBackend  # noqa: E402
-from ssr.costs import CostTable  # noqa: E402
-from ssr.engine import SSREngine  # noqa: E402
-
-
-def engine_bf16(seed: int, attention: float) -> SSREngine:
-    tokenizer = tiny_tokenizer()
-    backend = TransformersBackend(tiny_model(seed, attention=attention, scale=0.5).to(torch.bfloat16),
-                                  f"tiny-{seed}-bf16", {0}, 0)
-    backend.tokenizer = tokenizer
-    return SSREngine(backend, tokenizer, family=TINY_FAMILY, model_name=f"tiny-{seed}-bf16", costs=CostTable.flat())
+from ssr.agreement import compare  # noqa: E402
 
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    engines = {m: engine_bf16(*m) for m in MODELS}
+    engines = {m: tiny_engine(m[0], attention=m[1], scale=0.5, dtype=torch.bfloat16) for m in MODELS}
     identical = total = agreeing = plain_tokens = 0
     per_case = {}
     for name, overrides in CASES:
         same = 0
         for i, engine in enumerate(engines.values()):
             plain, ssr = run_pair(engine, overrides, _prompt(PROMPTS[i % len(PROMPTS)]))
-            a, b = list(plain.token_ids), list(ssr.token_ids)
-            first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            same += a == b
-            agreeing += first
-            plain_tokens += len(a)
+            agreement = compare(list(plain.token_ids), {}, list(ssr.token_ids))
+            same += agreement.identical
+            agreeing += len(plain.token_ids) if agreement.identical else agreement.diverged_at
+            plain_tokens += len(plain.token_ids)
         per_case[name] = f"{same}/{len(engines)}"
         identical += same
         total += len(engines)

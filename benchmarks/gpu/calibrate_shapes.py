@@ -49,7 +49,8 @@ def main(out: Path) -> None:
             lines += [f"## {key}: one step {table.base_seconds * 1000:.2f} ms", "", markdown(table), ""]
             print(lines[-4], flush=True)
             del model, backend
-            torch.cuda.empty_cache() if device == "cuda" else None
+            if device == "cuda":
+                torch.cuda.empty_cache()
     (out / "gpu_costs.json").write_text(json.dumps(report, indent=1))
     (out / "gpu_costs.md").write_text("\n".join(lines))
 
