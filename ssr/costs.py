@@ -45,6 +45,15 @@ class CostTable:
 
         return along(self.rows, rows, lambda i: along(self.widths, width, lambda j: self.cost[i][j]))
 
+    def price(self, pass_shapes: dict[str, int]) -> float:
+        """Steps (one-lane one-token steps of this table) that passes of these shapes cost: ``pass_shapes`` as a
+        request's stats count them, ``"{lanes}x{tokens per lane}"`` -> passes."""
+        total = 0.0
+        for shape, passes in pass_shapes.items():
+            rows, _, width = shape.partition("x")
+            total += passes * self(int(rows), int(width))
+        return total
+
     # -- tables for tests and for machines where nothing was measured ---------------------------------------------
     @classmethod
     def flat(cls) -> "CostTable":

@@ -326,6 +326,8 @@ class Decoding:
         out = yield Step(feeds, want, phase)
         self.counts.seconds[phase] += time.perf_counter() - t0
         self.counts.forward_passes += 1
+        shape = f"{len(feeds)}x{max(len(feed) for feed in feeds.values())}"
+        self.counts.pass_shapes[shape] = self.counts.pass_shapes.get(shape, 0) + 1
         if phase != Phase.PREFILL:
             self.counts.passes[phase] += 1
         return out
@@ -421,6 +423,7 @@ class Decoding:
             "answer_forward_passes": c.passes["answer"],
             "plain_forward_passes": t.sampled,
             "forward_passes_saved": t.sampled - c.forward_passes,
+            "pass_shapes": dict(c.pass_shapes),
             "cost_model": self.policy.summary() if self.config.enabled else None,
             "seconds": {**{k: round(v, 4) for k, v in c.seconds.items()}, "total": round(total, 4)},
             "time_to_think_end": since_start(c.think_end_at),

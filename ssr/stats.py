@@ -45,6 +45,9 @@ class RequestCounts:
     accepted_suffix: int = 0
     accepted_by_source: dict[str, int] = field(default_factory=dict)
     forks_declined: int = 0  # drafts the config asked for that the cost model found too expensive
+    # passes by shape, "{lanes}x{tokens of the widest lane}" -> passes: what ``CostTable.price`` prices (a run
+    # decoded here priced with another machine's table: ``ssr_bench.projection``)
+    pass_shapes: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "think": 0.0, "answer": 0.0})
     start: float = field(default_factory=time.perf_counter)
     think_end_at: float | None = None

@@ -35,6 +35,12 @@ def test_table_validation(rows, widths, cost):
         CostTable(rows=rows, widths=widths, cost=cost)
 
 
+def test_price_sums_passes_by_shape():
+    assert TABLE.price({"1x1": 10, "2x4": 2, "1x3": 1}) == pytest.approx(10 * 1.0 + 2 * 2.7 + 1.4)
+    assert TABLE.price({}) == 0.0
+    assert CostTable.linear().price({"1x1": 5, "2x3": 1}) == pytest.approx(5 + 6)
+
+
 def test_table_round_trip():
     again = CostTable.from_dict(json.loads(json.dumps(TABLE.to_dict())))
     assert again == TABLE and again.meta == TABLE.meta and again.base_seconds == TABLE.base_seconds

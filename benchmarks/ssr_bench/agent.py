@@ -481,13 +481,20 @@ def aggregate_stats(steps: list[Step]) -> dict[str, Any]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
     total["accepted_by_source"] = accepted_by_source(step.stats for step in steps)
+    total["drafts"] = sum(len(step.stats.get("drafts") or []) for step in steps)  # forks taken
+    total["pass_shapes"] = summed_counts(step.stats.get("pass_shapes") for step in steps)
     return total
 
 
 def accepted_by_source(counts: Iterable[dict[str, Any]]) -> dict[str, int]:
     """The ``accepted_by_source`` counts of several steps (their stats, or their summaries), summed by source."""
+    return summed_counts(c.get("accepted_by_source") for c in counts)
+
+
+def summed_counts(counts: Iterable[dict[str, int] | None]) -> dict[str, int]:
+    """Counts keyed by name (accepted tokens by source, passes by shape), summed over several steps."""
     total: dict[str, int] = {}
     for c in counts:
-        for source, n in (c.get("accepted_by_source") or {}).items():
-            total[source] = total.get(source, 0) + n
+        for key, n in (c or {}).items():
+            total[key] = total.get(key, 0) + n
     return total

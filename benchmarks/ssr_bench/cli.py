@@ -67,6 +67,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="the agent suite's loop: SSREngine.generate per step, ChatSSR in LangChain's "
                              "create_agent, or the SSR LLM in a LlamaIndex FunctionAgent")
     parser.add_argument("--agent-steps", type=int, default=None, help="the agent suite's step limit (default 8)")
+    parser.add_argument("--costs", default=None, metavar="FILE#TABLE",
+                        help="price speculation with another machine's cost table (benchmarks/gpu's gpu_costs.json "
+                             "and a table name) and report each method's passes priced with it: a projection")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from --out's results")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true")
@@ -128,7 +131,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                        model=args.model, backend=args.backend, preset=args.preset, overrides=overrides,
                        data_dir=args.data_dir, progress=not args.no_progress,
                        backend_kwargs=backend_kwargs(args.backend_arg), agent_front=args.agent_front,
-                       agent_steps=args.agent_steps)
+                       agent_steps=args.agent_steps, costs=args.costs)
         run_bench(run)
     results = out / "results.jsonl"
     report = write_report(results)

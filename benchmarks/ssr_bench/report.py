@@ -14,6 +14,7 @@ from typing import Any
 from . import methods as M
 from .agent_report import agent_section
 from .figures import fmt, geomean, mean, pyplot, quantile, save
+from .projection import section as projection_section
 from .runner import load_records
 
 METHOD_ORDER = {m: i for i, m in enumerate(M.METHODS)}
@@ -203,6 +204,7 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
     meta_path = results.parent / "meta.json"
 
     lines = [f"# {title}", ""]
+    meta: dict[str, Any] = {}
     if meta_path.exists():
         import json
 
@@ -281,6 +283,7 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
               "ClassEval: all tests pass), LongProc task metric, BFCL call correct.", ""]
 
     lines += agent_section(latest(records), out)
+    lines += projection_section(latest(records), meta, out)
     if records:
         p1 = plot_latency_ratio(summary, out / "latency_ratio.png")
         p2 = plot_accepted_vs_budget(records, out / "accepted_vs_draft.png")

@@ -24,9 +24,11 @@ from typing import Any, Callable
 
 from ssr.agreement import compare
 from ssr.config import SSRConfig
+from ssr.costs import CostTable
 from ssr.history import OutputHistory
 
 from . import methods as M
+from .projection import load_table, price_with, projected_steps
 from .scoring import score_item
 from .suites import load_suite
 
@@ -167,6 +169,7 @@ def summarize_stats(stats: dict[str, Any]) -> dict[str, Any]:
         "forks_declined": stats.get("forks_declined"),
         "cost_model": stats.get("cost_model"),
         "forward_passes_saved": stats.get("forward_passes_saved"),
+        "pass_shapes": stats.get("pass_shapes"),
         "stats_ttfa_s": stats.get("time_to_first_answer_token"),
         "seconds": seconds,
     }
@@ -191,6 +194,7 @@ class BenchRun:
     warmup: bool = True
     agent_front: str = "engine"  # the agent suite's loop: engine, langchain or llamaindex (agent.FRONTS)
     agent_steps: int | None = None  # the agent suite's step limit (default agent.MAX_STEPS)
+    costs: str | None = None  # FILE#TABLE: the policy prices with another machine's table (``projection``)
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
     # each method's earlier outputs (the engine's suffix source "history"): a method copies only from its own runs
     histories: dict[str, OutputHistory] = field(default_factory=dict, repr=False)
@@ -227,11 +231,13 @@ def run_bench(run: BenchRun, engine=None) -> Path:
         run.log(f"loading model {run.model or 'default'} on {run.backend} ...")
         engine = load_engine(run.model, run.backend, **run.backend_kwargs)
     model_name = getattr(engine, "model_name", str(run.model))
-    _write_meta(run, engine, methods)
+    projection = price_with(engine, load_table(run.costs)) if run.costs else None
+    _write_meta(run, engine, methods, projection)
 
     def key_of(suite: str, method: str, base: SSRConfig) -> str:
         measured = f"agent:{run.agent_front}:{run.agent_steps}" if suite == "agent" else suite  # the loop counts
-        return config_key(model_name, run.backend, measured, method, M.method_config(method, base), base)
+        priced = f"{run.backend}@{run.costs}" if run.costs else run.backend  # another table: other choices
+        return config_key(model_name, priced, measured, method, M.method_config(method, base), base)
 
     pending = [(s, it, b) for s, it, b in work
                if any((key_of(s, m, b), it["id"], m) not in done for m in methods)]
@@ -390,6 +396,8 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
             record["prefill_s"] = round(outcome.stats["prefill_s"], 4)
     else:
         record.update(summarize_stats(outcome.stats))
+        if engine.costs.meta.get("kind") == "projection":  # ``--costs``: priced with the table the policy used
+            record["projected_steps"] = projected_steps(record, engine.costs)
     if plain is not None and method == M.BARE:  # another prompt by design: a quality reference, never identical
         record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None
     elif plain is not None and method != M.PLAIN:
@@ -450,7 +458,7 @@ def _shout(run: BenchRun, record: dict[str, Any], plain: dict[str, Any] | None, 
                        f"(must be identical){context}", RED))
 
 
-def _write_meta(run: BenchRun, engine, methods: list[str]) -> None:
+def _write_meta(run: BenchRun, engine, methods: list[str], projection: CostTable | None = None) -> None:
     meta = {
         "model": getattr(engine, "model_name", run.model), "backend": run.backend, "preset": run.preset,
         "suites": run.suites, "methods": methods, "n": run.n, "overrides": run.overrides,
@@ -458,6 +466,10 @@ def _write_meta(run: BenchRun, engine, methods: list[str]) -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "base_configs": {s: base_config(s, run.preset, **run.overrides).to_dict() for s in run.suites},
     }
+    if projection is not None:
+        meta["projection"] = {"spec": run.costs, "table": projection.meta.get("table"),
+                              "device": projection.meta.get("device"),
+                              "base_ms": round(projection.base_seconds * 1e3, 2), **projection.to_dict()}
     try:
         import torch
 

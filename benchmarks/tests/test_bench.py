@@ -605,3 +605,36 @@ def test_micro_on_tiny_engine(tmp_path, one_thread):
     md = micro.micro_markdown({"model": "tiny", "backend": "transformers", "preset": "smoke",
                                "a_batched_step": a, "b_verify": b})
     assert "(a)" in md and "(b)" in md
+
+
+def test_projection_prices_the_passes_the_policy_chose_with_the_table(tmp_path, tiny):
+    """``--costs``: the policy prices with the given table, not the engine's own; every record counts its passes by
+    shape (all of them), and its projected steps are those passes priced with that table."""
+    from ssr.costs import CostTable
+
+    tiny.policy.costs = CostTable.linear()  # this machine: nothing pays, SSR decodes as plain does
+    table_file = tmp_path / "gpu_costs.json"  # another machine where any width or lane is as cheap as one token
+    table_file.write_text(json.dumps({"device": "a test GPU", "tables": {"cheap": {
+        "base_ms": 10.0, "rows": [1, 2], "widths": [1, 64], "cost": [[1.0, 1.0], [1.0, 1.0]]}}}))
+    run = runner.BenchRun(suites=["humaneval"], methods=["plain", "ssr"], out=tmp_path / "out", n=2, preset="smoke",
+                          overrides={"max_tokens": 40, "max_think_tokens": 16, "min_think_tokens": 4},
+                          progress=False, log=lambda s: None, costs=f"{table_file}#cheap")
+    path = runner.run_bench(run, engine=tiny)
+    recs = runner.load_records(path)
+    assert not [r for r in recs if r.get("error")]
+    assert tiny.costs.meta["table"] == "cheap"
+    for r in recs:
+        assert sum(r["pass_shapes"].values()) == r["forward_passes"]
+        assert r["projected_steps"] == r["forward_passes"]  # every pass costs one step under this table
+    ssr = [r for r in recs if r["method"] == "ssr"]
+    assert all(r["identical_to_plain"] for r in ssr)
+    # the table made speculation pay: wider passes than plain's one token (the prefill aside), and fewer of them
+    assert sum(n for r in ssr for shape, n in r["pass_shapes"].items() if shape.partition("x")[2] != "1") > 2
+    assert sum(r["forward_passes"] for r in ssr) < sum(r["forward_passes"] for r in recs if r["method"] == "plain")
+    text = report.write_report(path).read_text()
+    assert "## Projection (not measured)" in text and "| humaneval | ssr | 2 |" in text
+    assert (tmp_path / "out" / "projection.png").exists()
+    from ssr_bench.projection import load_table
+
+    with pytest.raises(ValueError, match="cheap"):  # a name that is not in the file: the error names those that are
+        load_table(f"{table_file}#dear")
