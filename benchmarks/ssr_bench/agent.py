@@ -483,7 +483,15 @@ def aggregate_stats(steps: list[Step]) -> dict[str, Any]:
     total["accepted_by_source"] = accepted_by_source(step.stats for step in steps)
     total["drafts"] = sum(len(step.stats.get("drafts") or []) for step in steps)  # forks taken
     total["pass_shapes"] = summed_counts(step.stats.get("pass_shapes") for step in steps)
+    total["speculation"] = {phase: summed_counts(_phase_counts(step.stats, phase) for step in steps)
+                            for phase in ("think", "draft", "answer")}
     return total
+
+
+def _phase_counts(stats: dict[str, Any], phase: str) -> dict[str, int]:
+    """A step's speculation counts of one phase (steps, verify steps, proposed, accepted)."""
+    counts = (stats.get("speculation") or {}).get(phase) or {}
+    return {key: n for key, n in counts.items() if isinstance(n, int)}
 
 
 def accepted_by_source(counts: Iterable[dict[str, Any]]) -> dict[str, int]:

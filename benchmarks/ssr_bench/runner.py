@@ -396,7 +396,7 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
             record["prefill_s"] = round(outcome.stats["prefill_s"], 4)
     else:
         record.update(summarize_stats(outcome.stats))
-        if engine.costs.meta.get("kind") == "projection":  # ``--costs``: priced with the table the policy used
+        if run.costs:  # a projection: the passes priced with the table the policy priced with
             record["projected_steps"] = projected_steps(record, engine.costs)
     if plain is not None and method == M.BARE:  # another prompt by design: a quality reference, never identical
         record["latency_ratio"] = round(outcome.latency_s / plain["latency_s"], 4) if plain.get("latency_s") else None

@@ -105,6 +105,10 @@ def test_loop_solves_the_task_and_ssr_gives_plain_tokens_at_every_step(agent_mod
     assert ssr.steps[2].stats["reused_prompt_tokens"] > ssr.steps[1].stats["prompt_tokens"] // 2  # the cache
     totals = agent.aggregate_stats(ssr.steps)
     assert totals["forward_passes"] == sum(s.stats["forward_passes"] for s in ssr.steps)
+    assert sum(totals["pass_shapes"].values()) == totals["forward_passes"]  # what a projection prices
+    assert totals["speculation"]["answer"]["accepted"] == sum(s.stats["speculation"]["answer"]["accepted"]
+                                                             for s in ssr.steps) > 0
+    assert totals["drafts"] == sum(len(s.stats["drafts"]) for s in ssr.steps)
 
 
 ADD = agent.TASKS_BY_ID["add"]
