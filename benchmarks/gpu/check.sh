@@ -2,7 +2,8 @@
 # The CUDA checks (issue 34), on a machine with an NVIDIA GPU whose python3 has torch (CUDA) and transformers:
 # installs the engine's other dependencies from wheels carried in .whl/ (no network there), then
 #   1. the exactness matrix on CUDA: tests/test_exactness_greedy.py and test_exactness_sampling.py with the tiny
-#      random models on the GPU (SSR_TEST_DEVICE=cuda, float32, TF32 off), and the device tests that skip on a CPU;
+#      random models on the GPU (SSR_TEST_DEVICE=cuda, float32, TF32 off), the scheduler's tests (concurrent requests
+#      identical to each alone, cancellation) and the device tests that skip on a CPU;
 #   2. greedy agreement in bf16 on the same cases and models (bf16_agreement.py);
 #   3. the step costs of models shaped like Qwen2.5-Coder-0.5B and 1.5B, bf16 and float32 (calibrate_shapes.py).
 # Everything it writes goes to $OUT (default gpu-out).
@@ -19,7 +20,7 @@ export PYTHONPATH="/tmp/ssr-site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKEN
 } | tee "$OUT/machine.txt"
 start=$(date +%s)
 SSR_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -rxs -p no:cacheprovider -n 8 \
-  tests/test_exactness_greedy.py tests/test_exactness_sampling.py tests/test_device.py 2>&1 | tee "$OUT/cuda_tests.log"
+  tests/test_exactness_greedy.py tests/test_exactness_sampling.py tests/test_scheduler.py tests/test_device.py 2>&1 | tee "$OUT/cuda_tests.log"
 echo "check: CUDA tests $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
 SSR_TEST_DEVICE=cuda timeout 120 python3 benchmarks/gpu/bf16_agreement.py "$OUT" 2>&1 | tee "$OUT/bf16.log"
 start=$(date +%s)

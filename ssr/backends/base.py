@@ -102,9 +102,10 @@ class Backend(ABC, Generic[LaneT]):
     device: Any = None
     cost_version: str | None = None  # a backend whose step code changed costs gets a new key (re-measured)
     min_shared: int | None = None
-    # whether a row's logits are the same bits whatever else is in the step (float32 transformers; llama.cpp's
-    # ``exact`` mode). Where not, SSR's greedy tokens may leave plain decoding's only at near-ties, and calibration
-    # measures how far a logit moves with the step's shape (``ssr.calibrate.measure_noise``)
+    # whether a row's logits are the same bits whatever else is in the step (llama.cpp's ``exact`` mode; not the
+    # transformers backend, whose kernels differ by row count). Where not, SSR's greedy tokens may leave plain
+    # decoding's only at near-ties, and calibration measures how far a logit moves with the step's shape
+    # (``ssr.calibrate.measure_noise``)
     row_exact: bool = True
     lanes: LaneTable[LaneT]
 

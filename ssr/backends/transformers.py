@@ -56,7 +56,12 @@ class _Lane(Lane):
 
 
 class TransformersBackend(Backend[_Lane]):
-    cost_version = "onednn-kernels"  # part of the cost table's cache key: tables measured before it are stale
+    cost_version = "onednn-kernels+noise"  # part of the cost table's cache key: tables measured before it are stale
+    # A row's logits move with the rest of the step: on a CPU the linear kernels differ by row count (float32: up
+    # to about 3e-5 of a logit on the embedded model), on CUDA at a real model's shapes too (float32 5e-6 to 2e-5,
+    # bf16 0.04-0.1, measured on an H200). So, as on llama.cpp, calibration measures that noise on the running
+    # machine and greedy decoding notes the near-ties where SSR may leave plain decoding's tokens.
+    row_exact = False
     min_shared = 16  # a new request forks a live lane sharing this much of its prompt (its system prompt)
 
     def __init__(self, model, model_name: str, eos_token_ids, pad_token_id: int) -> None:
