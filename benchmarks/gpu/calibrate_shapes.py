@@ -33,6 +33,14 @@ ROWS, WIDTHS = (1, 2, 3, 4, 8, 16), (1, 2, 4, 8, 16, 32, 64)
 PROJECTION_WIDTHS = WIDTHS + (128, 256, 512, 1024)
 
 
+def shaped_backend(name: str, dtype: torch.dtype, device: str) -> TransformersBackend:
+    """A backend on a random-weight model of ``SHAPES[name]`` (seed 0), in ``dtype`` on ``device``."""
+    config = Qwen2Config(vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, **SHAPES[name])
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(dtype=dtype, device=device).eval()
+    return TransformersBackend(model, name, {151645}, 151643)
+
+
 def main(out: Path, dtypes=(torch.bfloat16, torch.float32), widths=WIDTHS, context: int = 256,
          file_name: str = "gpu_costs") -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -41,12 +49,9 @@ def main(out: Path, dtypes=(torch.bfloat16, torch.float32), widths=WIDTHS, conte
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "tables": {}}
     lines = [f"# Step costs on {report['device']} (torch {torch.__version__}), random weights, context {context}", ""]
-    for name, shape in SHAPES.items():
+    for name in SHAPES:
         for dtype in dtypes:
-            config = Qwen2Config(vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, **shape)
-            torch.manual_seed(0)
-            model = Qwen2ForCausalLM(config).to(dtype=dtype, device=device).eval()
-            backend = TransformersBackend(model, name, {151645}, 151643)
+            backend = shaped_backend(name, dtype, device)
             t0 = time.perf_counter()
             table = measure_costs(backend, rows=ROWS, widths=widths, context=context, reps=5, progress=False)
             key = f"{name} {str(dtype).removeprefix('torch.')}"
@@ -57,7 +62,7 @@ def main(out: Path, dtypes=(torch.bfloat16, torch.float32), widths=WIDTHS, conte
             print(lines[-4], flush=True)
             (out / f"{file_name}.json").write_text(json.dumps(report, indent=1))  # after each table: a later one
             (out / f"{file_name}.md").write_text("\n".join(lines))  # that runs out of time loses only itself
-            del model, backend
+            del backend
             if device == "cuda":
                 torch.cuda.empty_cache()
 

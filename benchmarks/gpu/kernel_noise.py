@@ -15,10 +15,8 @@ import sys
 from pathlib import Path
 
 import torch
-from calibrate_shapes import SHAPES
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from calibrate_shapes import SHAPES, shaped_backend
 
-from ssr.backends.transformers import TransformersBackend
 from ssr.calibrate import measure_noise
 
 
@@ -28,17 +26,14 @@ def main(out: Path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "noise": {}}
-    for name, shape in SHAPES.items():
+    for name in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
-            torch.manual_seed(0)
-            config = Qwen2Config(vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, **shape)
-            model = Qwen2ForCausalLM(config).to(dtype=dtype, device=device).eval()
-            backend = TransformersBackend(model, name, {151645}, 151643)
+            backend = shaped_backend(name, dtype, device)
             key = f"{name} {str(dtype).removeprefix('torch.')}"
             report["noise"][key] = measure_noise(backend)
             print(key, report["noise"][key], flush=True)
             (out / "kernel_noise.json").write_text(json.dumps(report, indent=1))
-            del model, backend
+            del backend
             if device == "cuda":
                 torch.cuda.empty_cache()
 

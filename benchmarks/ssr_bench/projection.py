@@ -33,11 +33,10 @@ def load_table(spec: str) -> CostTable:
         data = tables[name]
     elif name:
         raise ValueError(f"--costs {spec!r}: {path} holds one table; drop '#{name}'")
-    base = data["base_seconds"] if "base_seconds" in data else data.get("base_ms", 0.0) / 1e3
     meta = {**data.get("meta", {}), "kind": "projection", "table": name or Path(path).stem,
             "device": whole.get("device", data.get("meta", {}).get("device", "?"))}
-    return CostTable(rows=tuple(data["rows"]), widths=tuple(data["widths"]),
-                     cost=tuple(tuple(float(c) for c in r) for r in data["cost"]), base_seconds=float(base), meta=meta)
+    base = data["base_seconds"] if "base_seconds" in data else data.get("base_ms", 0.0) / 1e3
+    return CostTable.from_dict({**data, "base_seconds": base, "meta": meta})
 
 
 def price_with(engine, table: CostTable) -> CostTable:
@@ -86,9 +85,10 @@ def section(records: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> l
     summary = summarize(records)
     if not projection or not summary:
         return []
-    base_ms = projection.get("base_ms") or 0.0
+    table = projection.get("meta", {})
+    base_ms = round(1e3 * projection.get("base_seconds", 0.0), 2)
     lines = ["## Projection (not measured): this run's passes priced with another machine's cost table", "",
-             f"Table `{projection.get('table')}` ({projection.get('device', '?')}; one step {base_ms} ms). The policy "
+             f"Table `{table.get('table')}` ({table.get('device', '?')}; one step {base_ms} ms). The policy "
              "priced every choice with it while decoding here, so the forks and proposal lengths are the ones it "
              "makes there; the tokens, acceptances and passes are this run's, the seconds are projected (projected "
              "steps x one step; a prefill longer than the table's widest column is extrapolated from its last two).",
@@ -98,10 +98,10 @@ def section(records: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> l
         lines.append(f"| {suite} | {method} | {s['n']} | {fmt(s['steps'], 1)} | {fmt(s['steps'] * base_ms / 1e3)} | "
                      f"{fmt(s['ratio'], 3)} | {fmt(s['passes'], 1)} | {fmt(s['wide'], 1)} | {fmt(s['forks'])} | "
                      f"{fmt(s['proposal'], 1)} | {fmt(s['accepted'])} |")
-    return lines + ["", f"![projected ratio]({plot(summary, out / 'projection.png', projection).name})", ""]
+    return lines + ["", f"![projected ratio]({plot(summary, out / 'projection.png', table).name})", ""]
 
 
-def plot(summary: dict[tuple[str, str], dict[str, Any]], path: Path, projection: dict[str, Any]) -> Path:
+def plot(summary: dict[tuple[str, str], dict[str, Any]], path: Path, table: dict[str, Any]) -> Path:
     suites = list(dict.fromkeys(suite for suite, _ in summary))
     methods = [m for m in dict.fromkeys(m for _, m in summary) if m != "plain"]
     fig, ax = pyplot().subplots(figsize=(max(5, 1.2 * len(suites) * max(1, len(methods))), 3.6))
@@ -113,6 +113,6 @@ def plot(summary: dict[tuple[str, str], dict[str, Any]], path: Path, projection:
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(suites))])
     ax.set_xticklabels(suites)
     ax.set_ylabel("projected steps / plain's (geo. mean)")
-    ax.set_title(f"Projected under {projection.get('table')} ({projection.get('device', '?')})\n(lower is better)")
+    ax.set_title(f"Projected under {table.get('table')} ({table.get('device', '?')})\n(lower is better)")
     ax.legend(fontsize=7)
     return save(fig, path)

@@ -466,10 +466,8 @@ def _write_meta(run: BenchRun, engine, methods: list[str], projection: CostTable
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "base_configs": {s: base_config(s, run.preset, **run.overrides).to_dict() for s in run.suites},
     }
-    if projection is not None:
-        meta["projection"] = {"spec": run.costs, "table": projection.meta.get("table"),
-                              "device": projection.meta.get("device"),
-                              "base_ms": round(projection.base_seconds * 1e3, 2), **projection.to_dict()}
+    if projection is not None:  # the table the policy priced with (its name and device in its meta)
+        meta["projection"] = {"spec": run.costs, **projection.to_dict()}
     try:
         import torch
 
