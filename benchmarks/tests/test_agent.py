@@ -11,7 +11,7 @@ import pytest
 from scripted import scripted_engine
 from shared_fixtures import tokenizer  # noqa: F401  (the default model's tokenizer, for the scripted backend)
 from ssr import SSRConfig
-from ssr_bench import agent
+from ssr_bench import agent, recipe_probe
 from ssr_bench.report import write_report
 from ssr_bench.runner import BenchRun, load_records, run_bench
 
@@ -237,3 +237,25 @@ def test_near_ties_of_a_loop_sit_at_their_place_in_its_tokens():
     outcome = agent.AgentOutcome("t", False, steps, 0.0)
     assert outcome.near_ties == {1: [(7, 0.1)], 3: [(8, 0.2)], 4: [(9, 0.3)]}
     assert outcome.token_ids == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("variant", sorted(recipe_probe.DEMONSTRATIONS))
+def test_recipe_probe_demonstrations_render_after_a_tool_result(tokenizer, variant):
+    """Each demonstration the probe measures goes where the shipped one goes: after the template's system block,
+    before the conversation, only once a tool result is in (the decision turn is the model's own template)."""
+    from ssr.chat import QWEN2_INSTRUCT, encode_prompt
+
+    family = recipe_probe.with_demonstration(QWEN2_INSTRUCT, variant)
+    task = agent.TASKS[0]
+    first = [{"role": "user", "content": task.prompt()}]
+    after = first + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": {"path": task.module}}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": task.files[task.module]}]
+    decision = tokenizer.decode(encode_prompt(tokenizer, family, first, tools=agent.TOOLS))
+    step = tokenizer.decode(encode_prompt(tokenizer, family, after, tools=agent.TOOLS))
+    demo_user = recipe_probe.DEMONSTRATIONS[variant][0]["content"]
+    assert demo_user not in decision
+    assert step.count(demo_user) == 1
+    assert step.index(demo_user) < step.index(task.prompt()) < step.index(task.files[task.module])
+    system_block = decision[:decision.index("<|im_start|>user")]
+    assert step.startswith(system_block) and step.endswith(family.think_prefill)
