@@ -19,6 +19,7 @@ from ssr import SSREngine
 from ssr.chat import TOOL_RESULT_DEMONSTRATION, ChatFamily
 
 from . import agent
+from .methods import PLAIN, method_config
 from .runner import base_config
 
 
@@ -91,7 +92,7 @@ def main() -> None:
     if args.variant in DEMONSTRATIONS:
         engine.family = with_demonstration(engine.family, args.variant)
     loop_engine = _NoThinking(engine) if args.variant == "no-thinking" else engine
-    config = dataclasses.replace(base_config("agent"), enabled=False)  # plain decoding, the suite's budgets
+    config = method_config(PLAIN, base_config("agent"))  # plain decoding, the suite's budgets
     wanted = set(filter(None, args.tasks.split(",")))
     solved = 0
     tasks = [t for t in agent.TASKS if not wanted or t.id in wanted]
