@@ -7,10 +7,13 @@
 # `ssr bench`: benchmarks/ssr_bench/llama_server.py), kept next to the wheel.
 #
 # Kernels: the build targets the CPU it runs on, feature by feature, from /proc/cpuinfo: AVX2/FMA/F16C always (every
-# current x86-64 CPU), and AVX-512 (F, VBMI, VNNI, BF16) and AVX-VNNI where the CPU has them. AMX stays off: a
-# `-march=native` build of 0.3.36 crashed on the first llama_decode of an AVX-512/AMX Xeon. After installing, a
-# decode runs in a child process; if it dies, the portable build (AVX2, no AVX-512) replaces it.
-# SSR_LLAMA_BUILD=portable forces the portable build. docs/backends/llama-cpp.md measures the two.
+# current x86-64 CPU), AVX-512 (F, VBMI, VNNI, BF16) and AVX-VNNI where the CPU has them, and AMX (tile, int8, bf16)
+# where it has those and AVX-512 VNNI. It builds from a patched copy of the sdist (patch_source below: with GCC up to
+# 12 the vendored ggml's AMX tile configuration was compiled away, so the first multi-row decode died with SIGILL;
+# and exact mode's batch-invariant attention is switched on through the environment).
+# After installing, a decode runs in a child process; if it dies, the portable build (AVX2, no AVX-512, no AMX)
+# replaces it. SSR_LLAMA_BUILD=portable forces the portable build, SSR_LLAMA_BUILD=no-amx the build for this CPU
+# without AMX. docs/backends/llama-cpp.md measures them.
 #
 # Building takes about 8 minutes on 2 cores (10 with --tools), so the wheel is kept in a wheelhouse keyed by the
 # version and the flags (pip's own wheel cache does not key on CMAKE_ARGS); a second run installs it in seconds.
@@ -25,9 +28,11 @@ for arg in "$@"; do
   esac
 done
 VERSION=0.3.36
+PATCHES=ssr1  # names what patch_source changes: a new set of patches gets a new wheel
 COMMON="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON
-  -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-PORTABLE="-DGGML_AVX512=OFF"
+  -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+NO_AMX="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+PORTABLE="-DGGML_AVX512=OFF $NO_AMX"
 
 cpu_flags() {  # the ggml options this CPU supports beyond AVX2 (x86-64 Linux; empty elsewhere)
   local have
@@ -39,15 +44,48 @@ cpu_flags() {  # the ggml options this CPU supports beyond AVX2 (x86-64 Linux; e
     [[ $have == *" avx512_vnni "* ]] && out="$out -DGGML_AVX512_VNNI=ON"
     [[ $have == *" avx512_bf16 "* ]] && out="$out -DGGML_AVX512_BF16=ON"
   else
-    out="$PORTABLE"
+    out="-DGGML_AVX512=OFF"
   fi
   [[ $have == *" avx_vnni "* ]] && out="$out -DGGML_AVX_VNNI=ON"
+  if [[ ${SSR_LLAMA_BUILD:-native} != no-amx && $out == *"AVX512_VNNI=ON"* && $have == *" amx_tile "* \
+        && $have == *" amx_int8 "* ]]; then  # ggml's AMX kernels need AVX-512 VNNI beside the tiles
+    out="$out -DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON"
+    [[ $have == *" amx_bf16 "* ]] && out="$out -DGGML_AMX_BF16=ON"
+  else
+    out="$out $NO_AMX"
+  fi
   echo "$out"
 }
 
-wheelhouse() {  # the folder for the wheel built with flags "$1"
+patch_source() {  # patch_source SOURCE_DIR: SSR's two changes to the vendored llama.cpp (both checked to apply)
+  # 1. AMX: GCC's _tile_loadconfig (amxtileintrin.h, up to GCC 12) declares an 8-byte memory read, so the compiler
+  #    drops the stores of the tile config's rows and column widths as dead: `ldtilecfg` loads a config without rows
+  #    and the first `tilezero` raises #UD (SIGILL; found on an AMX Xeon with gdb and objdump). The fix names the
+  #    whole 64-byte config as the instruction's operand.
+  # 2. GGML_CPU_USE_REF=1 in the environment when a context is created turns on the CPU backend's `use_ref` (the
+  #    setter, ggml_backend_cpu_set_use_ref, needs a backend handle that llama.h does not expose): flash attention
+  #    then computes every query row alike whatever the batch (no key splitting, no tiles), which exact mode needs.
+  "$VENV/bin/python" - "$1/vendor/llama.cpp/ggml/src/ggml-cpu" <<'PY'
+import sys
+root = sys.argv[1]
+changes = [
+    ("amx/mmq.cpp", "    _tile_loadconfig(&tc);\n",
+     '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config read (SSR: install_llama_cpp.sh)\n'),
+    ("ggml-cpu.cpp", "    ctx->use_ref             = false;\n",
+     '    ctx->use_ref             = getenv("GGML_CPU_USE_REF") != NULL;  // SSR: install_llama_cpp.sh\n'),
+]
+for name, old, new in changes:
+    path = f"{root}/{name}"
+    text = open(path).read()
+    if text.count(old) != 1:
+        sys.exit(f"install_llama_cpp: {path} is not the source these patches were written for")
+    open(path, "w").write(text.replace(old, new))
+PY
+}
+
+wheelhouse() {  # the folder for the wheel built with flags "$1" (from the source as patch_source leaves it)
   local key
-  key=$(printf '%s' "$VERSION $1" | sha256sum | cut -c1-12)
+  key=$(printf '%s' "$VERSION+$PATCHES $1" | sha256sum | cut -c1-12)
   echo "${SSR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/ssr/wheels}/llama-cpp-python-$VERSION-$key"
 }
 
@@ -65,13 +103,17 @@ build() {  # build "$1" (flags) into its wheelhouse unless the wheel (and, with 
     for t in llama ggml llama-server llama-bench; do targets+=("--config-settings=build.targets=$t"); done
   fi
   echo "install_llama_cpp: building llama-cpp-python $VERSION ($(echo $flags)); about 8 minutes on 2 cores"
+  local source="$tree/sdist/llama_cpp_python-$VERSION"  # the sdist, unpacked and patched (patch_source)
+  "$VENV/bin/python" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$tree/sdist"
+  tar xzf "$tree"/sdist/llama_cpp_python-"$VERSION".tar.gz -C "$tree/sdist"
+  patch_source "$source"
   # shellcheck disable=SC2086
   CMAKE_ARGS="$(echo $flags $extra)" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    --config-settings=build-dir="$tree" "${targets[@]}" "llama-cpp-python==$VERSION" -w "$house"
+    --config-settings=build-dir="$tree/build" "${targets[@]}" "$source" -w "$house"
   if [ "$TOOLS" = 1 ]; then  # the tools and every shared library they load, run with LD_LIBRARY_PATH=$house/bin
     mkdir -p "$house/bin"
-    find "$tree" \( -type f -o -type l \) \( -name llama-server -o -name llama-bench -o -name '*.so*' \) \
+    find "$tree/build" \( -type f -o -type l \) \( -name llama-server -o -name llama-bench -o -name '*.so*' \) \
       -exec cp -P {} "$house/bin/" \;
   fi
   rm -rf "$tree"
@@ -93,14 +135,19 @@ PY
 
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-if [ "${SSR_LLAMA_BUILD:-native}" = portable ]; then FLAGS="$COMMON $PORTABLE"; else FLAGS="$COMMON $(cpu_flags)"; fi
-build "$FLAGS"
-install_wheel "$FLAGS"
-if ! smoke && [ "$FLAGS" != "$COMMON $PORTABLE" ]; then
-  echo "install_llama_cpp: the build for this CPU failed its first decode; installing the portable build"
-  FLAGS="$COMMON $PORTABLE"
+# the builds to try, best first: this CPU's (with AMX where it has AMX), without AMX, portable
+if [ "${SSR_LLAMA_BUILD:-native}" = portable ]; then
+  CANDIDATES=("$COMMON $PORTABLE")
+else
+  CANDIDATES=("$COMMON $(cpu_flags)")
+  [[ ${CANDIDATES[0]} == *"AMX_INT8=ON"* ]] && CANDIDATES+=("$COMMON $(SSR_LLAMA_BUILD=no-amx cpu_flags)")
+  [[ ${CANDIDATES[-1]} != "$COMMON $PORTABLE" ]] && CANDIDATES+=("$COMMON $PORTABLE")
+fi
+for FLAGS in "${CANDIDATES[@]}"; do
   build "$FLAGS"
   install_wheel "$FLAGS"
-  smoke
-fi
+  if smoke; then break; fi
+  [ "$FLAGS" = "${CANDIDATES[-1]}" ] && { echo "install_llama_cpp: every build failed its first decode"; exit 1; }
+  echo "install_llama_cpp: the build ($(echo $FLAGS)) failed its first decode; trying the next"
+done
 echo "install_llama_cpp: $(( $(date +%s) - start )) s into $VENV (wheel: $(wheelhouse "$FLAGS"))"

@@ -18,9 +18,13 @@ and its batched API fits SSR's lanes one to one:
   (``exact=False``) puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a
   near-tie, a position where SSR's token lies within twice the kernel noise that calibration measures
   (``ssr.calibrate.measure_noise``) of plain's, where either token is the model's (``ssr.agreement``).
-  ``exact=True`` keeps bitwise identity instead: every wanted row (and each lane's last fed
-  token) in decodes of at most ``EXACT_ROWS`` rows, which gives the one-row kernels' bits but costs about a step
-  per verified token, so SSR rarely speculates there.
+  ``exact=True`` keeps bitwise identity instead. On the build scripts/install_llama_cpp.sh makes, flash attention
+  is switched to its reference path (each query row over all its keys in order, whatever the batch) and the
+  weights stay in the plain layout (no repacking): then every row's logits are the same bits in any decode
+  (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens), so exact
+  mode keeps the multi-row decodes and their cost. On other builds, every wanted row (and each lane's last fed
+  token) goes in decodes of at most ``EXACT_ROWS`` rows, which gives the one-row kernels' bits but costs about a
+  step per verified token, so SSR rarely speculates there.
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
@@ -33,9 +37,11 @@ GGUF (or ``tokenizer=`` a directory). Loading checks that it encodes like llama.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +59,7 @@ DEFAULT_N_CTX = 16384  # KV cells shared by every lane (forked lanes share their
 # llama.cpp's CPU matmuls take another kernel from 4 rows of a ubatch on (repacked weights: gemm for each group of
 # 4 rows, gemv for the rest), which changes the logits by up to ~0.4; with at most 3 rows per decode every row is
 # bitwise what a one-token decode computes (measured on the embedded model: verification of 2-24 rows, lanes
-# stepped together, lanes alone after others were released)
+# stepped together, lanes alone after others were released). Builds without the attention patch only (below).
 EXACT_ROWS = 3
 _PROBE = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 123"
 
@@ -87,10 +93,11 @@ class LlamaCppBackend(Backend[_Lane]):
 
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
     ``n_threads``: llama.cpp's threads (default: torch's thread count, so ``ssr bench --threads`` applies);
-    ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: wanted rows in decodes of at most
-    ``EXACT_ROWS`` rows, bitwise one-row results (default False: one multi-row decode a step; see the module
-    docstring); ``repack``: llama.cpp's CPU weight repacking; ``tokenizer``: a
-    Hugging Face tokenizer or the directory of one (default: see the module docstring).
+    ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: bitwise the rows one-row decodes
+    compute (default False: one multi-row decode a step, near-ties; see the module docstring); ``repack``: llama.cpp's
+    CPU weight repacking and, on a build with AMX, the AMX weight layout (default mode only, or repacking where exact
+    mode splits rows); ``tokenizer``: a Hugging Face tokenizer or the directory of one (default: see the module
+    docstring).
     """
 
     # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
@@ -118,9 +125,21 @@ class LlamaCppBackend(Backend[_Lane]):
         self.n_seq_max, self.n_batch = int(n_seq_max), int(min(n_batch, n_ctx))
         self.exact = self.row_exact = bool(exact)
         ll.llama_backend_init()
+        built_with = _kernels(ll)
+        # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
+        # step in one multi-row decode, bitwise whatever the batch, with weights in the plain layout (CPU
+        # repacking's gemm for each group of 4 rows would round differently). Otherwise exact mode splits the rows.
+        self.batch_invariant = self.exact and _reference_attention(ll)
+        # extra buffer types: llama.cpp's CPU weight repacking (faster multi-row matmuls) and, on an AMX build, the
+        # AMX layout; not in exact mode, except the repacking where exact mode splits the rows (EXACT_ROWS)
+        extra = bool(repack) and (not self.exact or (not self.batch_invariant and "AMX_INT8" not in built_with))
+        self.amx = extra and "AMX_INT8" in built_with
+        # the kernels this build has are part of the cost table's key: the same CPU costs differently per build
+        self.cost_version = (f"{type(self).cost_version};{','.join(built_with)}" + (";amx" if self.amx else "")
+                             + (";reference-attention" if self.batch_invariant else ""))
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        mparams.use_extra_bufts = bool(repack)  # llama.cpp's CPU weight repacking (faster multi-row matmuls)
+        mparams.use_extra_bufts = extra
         self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
             raise LlamaCppError(f"llama.cpp could not load {gguf}")
@@ -132,7 +151,8 @@ class LlamaCppBackend(Backend[_Lane]):
         cparams.kv_unified = True  # one cache for every sequence: forks share cells, a fork copies nothing
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
-        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        with _environment(GGML_CPU_USE_REF="1" if self.batch_invariant else None):  # read as the CPU backend starts
+            self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
             raise LlamaCppError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max})")
@@ -194,7 +214,8 @@ class LlamaCppBackend(Backend[_Lane]):
     @property
     def device(self) -> str:
         """Where and how it runs (part of the calibration cache key: the two modes cost differently)."""
-        return f"cpu:{self.n_threads}-threads" + (":exact-rows" if self.exact else ":multi-row")
+        return f"cpu:{self.n_threads}-threads" + (":amx" if self.amx else "") + (":exact-rows" if self.exact else
+                                                                                  ":multi-row")
 
     # -- lane hooks: a lane is a llama.cpp sequence ---------------------------------------------------------------
     # The parked lane goes on for the next request whose prompt starts with some of its tokens (nothing recomputed).
@@ -237,12 +258,12 @@ class LlamaCppBackend(Backend[_Lane]):
             bulk.append([(state.seq, t, start + i, False) for i, t in enumerate(feed[:cut])])
             rows_part.extend((state.seq, t, start + i, True) for i, t in enumerate(feed[cut:], cut))
             rows[lane] = k
-        if self.exact:
+        if self.exact and not self.batch_invariant:
             # each lane's bulk on its own (so its numerics depend on nothing else in the step), then the wanted
             # rows EXACT_ROWS at a time: llama.cpp's one-row kernels, bitwise what a one-token step computes
             calls = [b[i: i + self.n_batch] for b in bulk for i in range(0, len(b), self.n_batch)]
             calls += [rows_part[i: i + EXACT_ROWS] for i in range(0, len(rows_part), EXACT_ROWS)]
-        else:  # everything in as few decodes as n_batch allows (llama.cpp's multi-row kernels; not row-exact)
+        else:  # everything in as few decodes as n_batch allows (llama.cpp's multi-row kernels)
             flat = [e for b in bulk for e in b] + rows_part
             calls = [flat[i: i + self.n_batch] for i in range(0, len(flat), self.n_batch)]
         try:
@@ -326,6 +347,34 @@ def _config(config_dir: str | None, arch: str):
 _FILE_TYPES = {"0": "F32", "1": "F16", "2": "Q4_0", "3": "Q4_1", "7": "Q8_0", "8": "Q5_0", "9": "Q5_1",
                "10": "Q2_K", "11": "Q3_K_S", "12": "Q3_K_M", "13": "Q3_K_L", "14": "Q4_K_S", "15": "Q4_K_M",
                "16": "Q5_K_S", "17": "Q5_K_M", "18": "Q6_K", "32": "BF16"}
+
+
+def _kernels(ll) -> list[str]:
+    """The CPU features this llama.cpp build compiled kernels for (``llama_print_system_info``: "AVX2 = 1 | ...")."""
+    info = ll.llama_print_system_info().decode("utf-8", "replace")
+    return sorted(name for name, on in re.findall(r"(\w+) = (\d+)", info) if on != "0")
+
+
+def _reference_attention(ll) -> bool:
+    """Whether this build reads ``GGML_CPU_USE_REF`` (the patch scripts/install_llama_cpp.sh applies), which makes
+    flash attention compute each query row alike in any batch: the loaded CPU library holds the variable's name."""
+    lib = Path(ll.llama_cpp._base_path)
+    return any(b"GGML_CPU_USE_REF" in path.read_bytes() for path in lib.glob("libggml-cpu*") if path.is_file())
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None):
+    """``values`` set in the environment for the block (None: left as it is), then restored."""
+    before = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def smoke_test(tokens: int = 4) -> None:
