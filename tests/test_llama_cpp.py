@@ -166,8 +166,8 @@ def test_more_lanes_than_n_seq_max_is_a_clear_error(backend):
 
 @pytest.fixture(scope="module")
 def exact_rows(backend):
-    """The backend in its ``exact`` mode (a model of its own: on a build with AMX, exact mode loads the weights
-    without the AMX layout, whose one-row and multi-row kernels round differently)."""
+    """The backend in its ``exact`` mode: a model and context of their own (exact mode loads the weights without
+    repacking or the AMX layout and, on the build install_llama_cpp.sh makes, starts the reference attention)."""
     from ssr.backends import load_backend
 
     b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=8, n_ctx=4096, exact=True)
