@@ -88,13 +88,14 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                            "machine": machine(), "spread": round(spread, 3)})
 
 
-def measure_noise(backend, widths=(2, 4, 8, 16), lanes: int = 3, context: int = 256) -> float:
+def measure_noise(backend, widths=(2, 4, 8, 16, 32), lanes: int = 3, context: int = 256) -> float:
     """How far a logit moves with the shape of the decode that computes it, on a backend whose multi-row kernels
     are not batch-invariant (``backend.row_exact`` False): the largest absolute difference, over the vocabulary,
     between a position's logits computed one token per step (as plain decoding computes them) and the same
     position computed among ``w`` rows of one lane, or beside ``lanes - 1`` other lanes. Two candidates whose
     logits are closer than twice this are a near-tie: either may come out of a batched step (docs/design.md,
-    what "exact" means)."""
+    what "exact" means). The widest shape (32 tokens in each of 3 lanes) reaches the 64 rows from which llama.cpp's
+    attention takes its tiled kernel: with one thread and the AMX layout the smaller shapes round alike."""
     import torch
 
     worst = 0.0

@@ -251,8 +251,8 @@ def test_multi_row_mode_rows_agree_within_the_measured_noise(backend, prompt_ids
     rows = backend.step({lane: prompt_ids[-1:] + ref[:-1]}, {lane: 24})[lane]
     assert backend.decodes == before + 1 and dict(backend.rows_per_decode) == {24: 1}  # one decode, 24 rows
     backend.release_all()
-    diff = float((rows - ref_rows).abs().max())  # 0 on a short prompt with the AMX layout (its matmuls and
-    # attention over fewer than 512 cells compute rows alike); from 512 cells on a one-row decode splits its keys
+    diff = float((rows - ref_rows).abs().max())  # 0 on a short prompt with the AMX layout (its matmuls, and the
+    # attention of fewer than 64 rows over fewer than 512 cells, compute rows alike)
     noise = measure_noise(backend, context=300)
     assert 0 < noise < LOGIT_ATOL and diff < LOGIT_ATOL, (noise, diff)
     assert backend.live_lanes == 0
