@@ -20,7 +20,7 @@ from typing import Generator, Iterator
 
 import torch
 
-from .accept import Sampler, verify
+from .accept import Sampler, near_maxima, verify
 from .backends.base import Backend
 from .chat import ChatFamily
 from .config import SSRConfig
@@ -77,7 +77,7 @@ class Decoding:
         self.constraint: Constraint | None = None  # the answer's parser state, from the end of thinking on
         self.counts = RequestCounts()
         self.history = history  # earlier SSR requests' outputs: a suffix source; this output is added at the end
-        self.suffix = self._suffix_sources() if config.enabled else None
+        self.suffix = self._suffix_sources(bool(tools)) if config.enabled else None
         self.drafts = DraftLanes(backend, config, self.sampler, self.transcript, self.suffix, grammar)
         self.schema = SchemaFixed(tools, tokenizer) if tools and config.enabled and config.schema_proposals else None
         self.prefix: DraftPrefix | None = None
@@ -104,12 +104,12 @@ class Decoding:
             raise RuntimeError("the request has no thinking lane: it is not running")
         return self.thinking_lane
 
-    def _suffix_sources(self) -> SuffixSources | None:
+    def _suffix_sources(self, tools: bool) -> SuffixSources | None:
         cfg = self.config
         if not (cfg.suffix_decoding or cfg.think_speculation or cfg.draft_speculation):
             return None
         suffix = SuffixSources(cfg.suffix_sources, cfg.max_suffix_tokens, cfg.suffix_min_match, cfg.suffix_min_prob)
-        suffix.extend("prompt", self.prompt_ids)
+        suffix.add_prompt(self.prompt_ids, self.tokenizer, tools)
         if self.history is not None:
             suffix.attach_history(self.history)
         return suffix
@@ -254,16 +254,9 @@ class Decoding:
     def _ties(self, rows: torch.Tensor) -> dict[int, list[tuple[int, float]]]:
         """Rows (of the tokens a greedy step takes) where other tokens lie within ``tie_window`` of the best one:
         those tokens (at most ``TIE_CANDIDATES``) and their margins."""
-        if not self.tie_window or not self.sampler.greedy or rows.shape[-1] <= TIE_CANDIDATES:
+        if not self.tie_window or not self.sampler.greedy:
             return {}
-        top = torch.topk(rows, TIE_CANDIDATES + 1, dim=-1)
-        margins = (top.values[:, :1] - top.values[:, 1:]).tolist()
-        ties = {}
-        for i, row in enumerate(margins):
-            close = [(int(top.indices[i, j + 1]), round(m, 6)) for j, m in enumerate(row) if m <= self.tie_window]
-            if close:
-                ties[i] = close
-        return ties
+        return near_maxima(rows, self.tie_window, TIE_CANDIDATES)
 
     def _answer_on_close(self, status: Status) -> Status:
         """A closed thinking starts the answer, and decoding goes on; any other status is passed on."""

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import binomtest, chisquare
 
 from ssr import SSRConfig
-from ssr.accept import Compact, Sampler, verify
+from ssr.accept import Compact, Sampler, argmax_rows, near_maxima, verify
 
 P_THRESHOLD = 1e-3  # fixed seeds make each test deterministic; a sound test passes far above this
 
@@ -154,3 +154,26 @@ def test_top_p_top_k_processing():
     s = Sampler(SSRConfig(temperature=1.0, top_p=0.8, top_k=3, seed=0))
     probs = s.probs(torch.tensor([0.5, 0.3, 0.15, 0.05]).log())
     assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_and_near_maxima_match_torch(dtype):
+    """The numpy path (float32 on the CPU) and the torch fallback choose torch.argmax's token, the first of equal
+    maxima, and list every other token within the window, highest first."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(6, 5000, generator=g)
+    rows[1, 7] = rows[1, 4000] = rows[1].max() + 1.0  # equal maxima: the first wins, the other ties at margin 0
+    rows[2, 11] = rows[2].max() + 0.05  # a near-tie with the old maximum
+    rows = rows.to(dtype)
+    assert argmax_rows(rows) == torch.argmax(rows, dim=-1).tolist()
+    assert argmax_rows(rows[3]) == [int(torch.argmax(rows[3]))]
+    ties = near_maxima(rows, 0.1, 3)
+    top = torch.topk(rows.float(), 4, dim=-1)
+    for i in range(len(rows)):
+        best = int(torch.argmax(rows[i]))
+        expect = [(int(t), float(top.values[i, 0] - v)) for v, t in zip(top.values[i], top.indices[i])
+                  if int(t) != best and float(top.values[i, 0] - v) <= 0.1]
+        got = ties.get(i, [])
+        assert sorted(t for t, _ in got) == sorted(t for t, _ in expect)
+        assert all(abs(m - dict(expect)[t]) < 1e-5 for t, m in got)
+    assert ties[1] == [(4000, 0.0)] and 2 in ties

@@ -267,7 +267,8 @@ class LlamaCppBackend(Backend[_Lane]):
             flat = [e for b in bulk for e in b] + rows_part
             calls = [flat[i: i + self.n_batch] for i in range(0, len(flat), self.n_batch)]
         try:
-            logits = torch.cat([self._decode(call) for call in calls])
+            parts = [self._decode(call) for call in calls]
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         except BaseException:
             for lane in feeds:  # the step did not happen: drop whatever part of it was cached
                 state = self.lanes[lane]
