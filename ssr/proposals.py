@@ -8,6 +8,7 @@ and one suffix index over the prompt, the chain of thought, the drafts, the answ
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,7 +22,7 @@ SUFFIX_CONTEXT = 32  # tokens of a lane's tail matched against the suffix index
 @dataclass
 class Proposal:
     tokens: list[int]
-    source: str  # "prefix", "schema", "prompt", "thinking", "answer", "draft:<i>", "bootstrap"
+    source: str  # "prefix", "schema", "prompt", "prompt-json", "thinking", "answer", "draft:<i>", "bootstrap"
     match_len: int = 0  # how long a context tail the source matched (suffix sources)
     probs: list | None = None  # the draft's own distributions (dense or ``ssr.accept.Compact``); None: point masses
 
@@ -58,7 +59,21 @@ class SuffixSources:
         self.index = SuffixIndex(max_match=SUFFIX_CONTEXT)
 
     def wants(self, source: str) -> bool:
-        return ("drafts" if source.startswith("draft:") else source) in self.sources
+        return ("drafts" if source.startswith("draft:") else source.removesuffix("-json")) in self.sources
+
+    def add_prompt(self, prompt_ids: list[int], tokenizer, tools: bool) -> None:
+        """The prompt as the source "prompt" and, where tools are bound, its JSON-escaped text as "prompt-json".
+
+        An agent's call copies prompt text into a JSON string (a file it read, written back with an edit): there
+        every newline and quote is an escape, so the call's tokens match the prompt's raw tokens only between two
+        escapes. The escaped view is registered first, so at an equally long match the raw prompt wins (the
+        thinking quotes it raw); inside a call's string the escapes make the escaped view's match the longer."""
+        if tools and self.wants("prompt-json"):
+            text = tokenizer.decode(prompt_ids)
+            escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+            if escaped != text:
+                self.index.add("prompt-json", tokenizer.encode(escaped, add_special_tokens=False))
+        self.extend("prompt", prompt_ids)
 
     def extend(self, source: str, tokens: list[int]) -> None:
         if self.wants(source) and tokens:

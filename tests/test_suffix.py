@@ -1,11 +1,15 @@
-"""Tests for ssr.suffix: brute-force reference for matches, continuations and counts; size bounds by counting."""
+"""Tests for ssr.suffix: brute-force reference for matches, continuations and counts; size bounds by counting.
+And the prompt as suffix sources (ssr.proposals.SuffixSources): raw, and JSON-escaped where tools are bound."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ssr.proposals import Context, SuffixSources
 from ssr.suffix import Proposal, SuffixIndex, Automaton
 
 # --- brute-force reference ---------------------------------------------------------------------------------
@@ -297,3 +301,36 @@ def test_states_linear_on_pseudo_random_text():
         a.append(x % 7)
     assert len(a.length) <= 2 * n
     assert sum(map(len, a.next)) <= 3 * n
+
+
+# -- the prompt's sources (ssr.proposals.SuffixSources) --------------------------------------------------------------
+
+FILE = 'def is_palindrome(s):\n    """Ignore "case"."""\n    s = s.lower()\n    return s == s[::-1]\n'
+CALL_SO_FAR = ('{"name": "write_file", "arguments": {"path": "pal.py", '
+               '"content": "def is_palindrome(s):\\n    \\"\\"\\"Ignore')
+
+
+def _sources(tokenizer, tools: bool):
+    prompt = tokenizer.encode(f"<tool_response>\n{FILE}</tool_response>\n", add_special_tokens=False)
+    sources = SuffixSources(("prompt", "thinking"), max_tokens=64, min_match=2, min_prob=0.1)
+    sources.add_prompt(prompt, tokenizer, tools=tools)
+    return sources, Context(tokenizer.encode(CALL_SO_FAR, add_special_tokens=False))
+
+
+def test_a_call_copying_the_prompt_into_a_json_string_gets_the_escaped_rest(tokenizer):
+    sources, context = _sources(tokenizer, tools=True)
+    found = sources.propose(context, room=64)
+    assert found is not None and found.source == "prompt-json"
+    rest = json.dumps(FILE)[1:-1].split("Ignore", 1)[1]
+    proposed = tokenizer.decode(found.tokens)
+    assert len(proposed) > 12 and rest.startswith(proposed)  # past the escaped quotes and newlines
+
+
+def test_the_escaped_view_needs_tools_and_loses_ties_to_the_raw_prompt(tokenizer):
+    sources, _ = _sources(tokenizer, tools=False)
+    assert "prompt-json" not in sources.index._sources
+    sources, _ = _sources(tokenizer, tools=True)
+    both = tokenizer.encode("Thinking: def is_palindrome(s", add_special_tokens=False)  # a tail both views hold
+    found = sources.propose(Context(both), room=64)
+    assert found is not None and found.source == "prompt"  # the thinking quotes the file raw
+    assert tokenizer.decode(found.tokens).startswith("):\n    \"\"\"Ignore")
