@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ssr import SSREngine
-from ssr.chat import TOOL_RESULT_DEMONSTRATION, ChatFamily
+from ssr.chat import TOOL_RESULT_DEMONSTRATION, ChatFamily, render_prompt
 
 from . import agent
 from .methods import PLAIN, method_config
@@ -78,9 +78,36 @@ class _NoThinking:
         return self.engine.generate(messages, thinking=False, **kwargs)
 
 
+# Instead of a demonstration after the system block: a note after every tool result, which never moves, so each
+# step's prompt extends the previous one token for token (issue 33's append-only placement)
+AFTER_RESULT_NOTE = ("Think step by step inside <think> ... </think> about the tool result above: call another tool "
+                     "if the task is not done yet, else answer the user in one sentence.")
+
+
+class _NoteAfterResults:
+    """The engine with no demonstration and a system note after each run of tool results (``AFTER_RESULT_NOTE``);
+    a step after a result thinks, the decision turn is the model's own template, as shipped."""
+
+    def __init__(self, engine: SSREngine) -> None:
+        self.engine = engine
+
+    def generate(self, messages, **kwargs):
+        if messages[-1]["role"] != "tool":
+            return self.engine.generate(messages, **kwargs)
+        noted: list[dict[str, Any]] = []
+        for i, message in enumerate(messages):
+            noted.append(message)
+            if message["role"] == "tool" and (i + 1 == len(messages) or messages[i + 1]["role"] != "tool"):
+                noted.append({"role": "system", "content": AFTER_RESULT_NOTE})
+        family = self.engine.family
+        text = render_prompt(self.engine.tokenizer, family, noted, kwargs.get("tools"), thinking=False)
+        ids = self.engine.tokenizer.encode(text + family.think_prefill, add_special_tokens=False)
+        return self.engine.generate(ids, thinking=True, **kwargs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", choices=[*DEMONSTRATIONS, "no-thinking"], default="shipped")
+    parser.add_argument("--variant", choices=[*DEMONSTRATIONS, "no-thinking", "note"], default="shipped")
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--backend", default="llama.cpp")
     parser.add_argument("--threads", type=int, default=None)
@@ -91,7 +118,8 @@ def main() -> None:
     engine = SSREngine.from_pretrained(args.model, backend=args.backend)
     if args.variant in DEMONSTRATIONS:
         engine.family = with_demonstration(engine.family, args.variant)
-    loop_engine = _NoThinking(engine) if args.variant == "no-thinking" else engine
+    wrappers = {"no-thinking": _NoThinking, "note": _NoteAfterResults}
+    loop_engine = wrappers[args.variant](engine) if args.variant in wrappers else engine
     config = method_config(PLAIN, base_config("agent"))  # plain decoding, the suite's budgets
     wanted = set(filter(None, args.tasks.split(",")))
     solved = 0
@@ -103,7 +131,8 @@ def main() -> None:
         print(f"== {task.id}: solved {outcome.solved}, {len(outcome.steps)} steps", flush=True)
         for i, step in enumerate(outcome.steps):
             text = engine.tokenizer.decode(step.token_ids)
-            print(f"   {i}: calls {[c['name'] for c in step.tool_calls]} {text[:300]!r}", flush=True)
+            print(f"   {i}: calls {[c['name'] for c in step.tool_calls]} prompt {step.stats.get('prompt_tokens')} "
+                  f"reused {step.stats.get('reused_prompt_tokens')} {text[:300]!r}", flush=True)
     print(f"variant {args.variant}: solved {solved}/{len(tasks)}")
     engine.close()
 

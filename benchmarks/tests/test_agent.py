@@ -260,3 +260,37 @@ def test_recipe_probe_demonstrations_render_after_a_tool_result(tokenizer, varia
     assert step.index(demo_user) < step.index(task.prompt()) < step.index(task.files[task.module])
     system_block = decision[:decision.index("<|im_start|>user")]
     assert step.startswith(system_block) and step.endswith(family.think_prefill)
+
+
+def test_recipe_probe_note_variant_is_append_only(tokenizer):
+    """The probe's "note" variant: no demonstration, a system note after each tool result; the prompt of a step
+    extends the previous step's (less the thinking it prefilled) token for token, the note in it once per result."""
+    from ssr.chat import QWEN2_INSTRUCT
+
+    class Rendered:  # the wrapper's engine: only its tokenizer and family are read before generate
+        family = QWEN2_INSTRUCT
+
+        def __init__(self) -> None:
+            self.tokenizer = tokenizer
+
+        def generate(self, prompt, **kwargs):
+            return prompt
+
+    note = recipe_probe._NoteAfterResults(Rendered())
+    task = agent.TASKS[0]
+
+    def call(i, name, arguments):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+    step2 = [{"role": "user", "content": task.prompt()}, call(1, "read_file", {"path": task.module}),
+             {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": task.files[task.module]}]
+    step3 = step2 + [call(2, "run_tests", {}), {"role": "tool", "tool_call_id": "c2", "name": "run_tests",
+                                                 "content": "PASSED"}]
+    first, second = (note.generate(m, tools=agent.TOOLS) for m in (step2, step3))
+    prefill = tokenizer.encode(QWEN2_INSTRUCT.think_prefill, add_special_tokens=False)
+    assert first[-len(prefill):] == prefill and second[:len(first) - len(prefill)] == first[:-len(prefill)]
+    assert tokenizer.decode(second).count(recipe_probe.AFTER_RESULT_NOTE) == 2
+    from ssr.chat import TOOL_RESULT_DEMONSTRATION
+
+    assert TOOL_RESULT_DEMONSTRATION[0]["content"] not in tokenizer.decode(second)  # no demonstration
