@@ -30,8 +30,8 @@ MIN_TOP_P = 1e-30
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """Each row's most likely token (the first of equal maxima, as ``torch.argmax``). Float32 rows on the CPU go
     through numpy, which reads them at memory speed: on 17 rows of a 150k-token vocabulary (a verify step) torch's
-    argmax took 1.7 ms and numpy's 0.45 (2 threads, measured); near-tie notes with ``torch.topk`` 1.9 ms against
-    ``near_maxima``'s 1.0."""
+    argmax took 1.7 ms and numpy's 0.45 (2 threads, measured); near-tie notes with ``torch.topk`` 2.0 ms against
+    ``near_maxima``'s 1.4 (one row: 0.29 ms against 0.04)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return np.asarray(logits.numpy().argmax(axis=-1)).reshape(-1).tolist()
     return torch.argmax(logits, dim=-1).reshape(-1).tolist()
@@ -40,18 +40,22 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
 def near_maxima(rows: torch.Tensor, window: float, most: int) -> dict[int, list[tuple[int, float]]]:
     """Per row (of ``[n, V]``), the tokens other than its argmax whose logits lie within ``window`` of the row's
     maximum: at most ``most`` of them, highest first, with their margins below it. Rows with none are left out."""
-    if rows.device.type == "cpu" and rows.dtype == torch.float32:
-        values = rows.numpy()
-    else:
-        values = rows.float().cpu().numpy()
+    best = argmax_rows(rows)
+    if rows.device.type == "cpu" and rows.dtype == torch.float32:  # every token within the window, from numpy
+        pools = []
+        for row, b in zip(rows.numpy(), best):
+            ids = np.flatnonzero(row >= row[b] - window)
+            pools.append((ids, row[ids]))
+    else:  # on the device: only each row's top few come to the host
+        top = torch.topk(rows.float(), most + 1, dim=-1)
+        pools = list(zip(top.indices.cpu().numpy(), top.values.cpu().numpy()))
     found = {}
-    for i, row in enumerate(values):
-        best = int(row.argmax())
-        close = np.flatnonzero(row >= row[best] - window)
-        close = close[close != best]
-        if len(close):
-            close = close[np.argsort(-row[close], kind="stable")[:most]]
-            found[i] = [(int(t), round(float(row[best] - row[t]), 6)) for t in close]
+    for i, ((ids, values), b) in enumerate(zip(pools, best)):
+        peak = values.max()
+        ranked = sorted(zip(ids.tolist(), (peak - values).tolist()), key=lambda pair: pair[1])
+        close = [(t, round(m, 6)) for t, m in ranked if t != b and m <= window][:most]
+        if close:
+            found[i] = close
     return found
 
 

@@ -265,7 +265,7 @@ def test_recipe_probe_demonstrations_render_after_a_tool_result(tokenizer, varia
 def test_recipe_probe_note_variant_is_append_only(tokenizer):
     """The probe's "note" variant: no demonstration, a system note after each tool result; the prompt of a step
     extends the previous step's (less the thinking it prefilled) token for token, the note in it once per result."""
-    from ssr.chat import QWEN2_INSTRUCT
+    from ssr.chat import QWEN2_INSTRUCT, TOOL_RESULT_DEMONSTRATION
 
     class Rendered:  # the wrapper's engine: only its tokenizer and family are read before generate
         family = QWEN2_INSTRUCT
@@ -291,6 +291,4 @@ def test_recipe_probe_note_variant_is_append_only(tokenizer):
     prefill = tokenizer.encode(QWEN2_INSTRUCT.think_prefill, add_special_tokens=False)
     assert first[-len(prefill):] == prefill and second[:len(first) - len(prefill)] == first[:-len(prefill)]
     assert tokenizer.decode(second).count(recipe_probe.AFTER_RESULT_NOTE) == 2
-    from ssr.chat import TOOL_RESULT_DEMONSTRATION
-
     assert TOOL_RESULT_DEMONSTRATION[0]["content"] not in tokenizer.decode(second)  # no demonstration
