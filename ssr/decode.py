@@ -224,7 +224,7 @@ class Decoding:
         self.lane_tokens += t.tokens[self.synced:] + proposal.tokens  # what the step fed
         accepted, token = verify(self.sampler, proposal.tokens, rows, proposal.probs)
         run = proposal.tokens[:accepted] + [token]
-        ties = self._ties(rows[:len(run)])
+        ties = self._ties(rows[:len(run)], run)
         status, pushed = Status.CONTINUE, 0
         for tok in run:
             if pushed in ties:
@@ -251,12 +251,12 @@ class Decoding:
         self._sync(before)
         return status
 
-    def _ties(self, rows: torch.Tensor) -> dict[int, list[tuple[int, float]]]:
-        """Rows (of the tokens a greedy step takes) where other tokens lie within ``tie_window`` of the best one:
-        those tokens (at most ``TIE_CANDIDATES``) and their margins."""
+    def _ties(self, rows: torch.Tensor, taken: list[int]) -> dict[int, list[tuple[int, float]]]:
+        """Rows (of the tokens ``taken``, a greedy step's argmax of each row) where other tokens lie within
+        ``tie_window`` of the best one: those tokens (at most ``TIE_CANDIDATES``) and their margins."""
         if not self.tie_window or not self.sampler.greedy:
             return {}
-        return near_maxima(rows, self.tie_window, TIE_CANDIDATES)
+        return near_maxima(rows, taken, self.tie_window, TIE_CANDIDATES)
 
     def _answer_on_close(self, status: Status) -> Status:
         """A closed thinking starts the answer, and decoding goes on; any other status is passed on."""

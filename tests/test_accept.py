@@ -167,7 +167,7 @@ def test_argmax_rows_and_near_maxima_match_torch(dtype):
     rows = rows.to(dtype)
     assert argmax_rows(rows) == torch.argmax(rows, dim=-1).tolist()
     assert argmax_rows(rows[3]) == [int(torch.argmax(rows[3]))]
-    ties = near_maxima(rows, 0.1, 3)
+    ties = near_maxima(rows, argmax_rows(rows), 0.1, 3)
     top = torch.topk(rows.float(), 4, dim=-1)
     for i in range(len(rows)):
         best = int(torch.argmax(rows[i]))
