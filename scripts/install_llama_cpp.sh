@@ -28,7 +28,7 @@ for arg in "$@"; do
   esac
 done
 VERSION=0.3.36
-PATCHES=ssr1  # names what patch_source changes: a new set of patches gets a new wheel
+PATCHES=ssr2  # names what patch_source changes: a new set of patches gets a new wheel
 COMMON="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON
   -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 NO_AMX="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
@@ -57,7 +57,7 @@ cpu_flags() {  # the ggml options this CPU supports beyond AVX2 (x86-64 Linux; e
   echo "$out"
 }
 
-patch_source() {  # patch_source SOURCE_DIR: SSR's two changes to the vendored llama.cpp (both checked to apply)
+patch_source() {  # patch_source SOURCE_DIR: SSR's three changes to the vendored llama.cpp (each checked to apply)
   # 1. AMX: GCC's _tile_loadconfig (amxtileintrin.h, up to GCC 12) declares an 8-byte memory read, so the compiler
   #    drops the stores of the tile config's rows and column widths as dead: `ldtilecfg` loads a config without rows
   #    and the first `tilezero` raises #UD (SIGILL; found on an AMX Xeon with gdb and objdump). The fix names the
@@ -65,10 +65,19 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's two changes to the vendored l
   # 2. GGML_CPU_USE_REF=1 in the environment when a context is created turns on the CPU backend's `use_ref` (the
   #    setter, ggml_backend_cpu_set_use_ref, needs a backend handle that llama.h does not expose): flash attention
   #    then computes every query row alike whatever the batch (no key splitting, no tiles), which exact mode needs.
+  # 3. AMX: decodes of 2 to 12 rows (a verify step) run SSR's multi-row VNNI kernels (scripts/llama_cpp/
+  #    ssr_amx_rows.h) instead of AMX tiles, which cost a 2-row decode of the 1.5B 1.6 one-row decodes against 1.17
+  #    (docs/backends/llama-cpp.md). SSR_AMX_VNNI_ROWS=N moves the limit (0: the tiles for every batch).
+  cp "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/amx/"
   "$VENV/bin/python" - "$1/vendor/llama.cpp/ggml/src/ggml-cpu" <<'PY'
 import sys
 root = sys.argv[1]
+mul_mat = "void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_tensor * dst) {\n"
+one_row = "    if (M == 1) {\n        // MB = 1 and handle 8 tiles in each block\n"
 changes = [
+    ("amx/mmq.cpp", mul_mat, '#include "ssr_amx_rows.h"  // SSR: install_llama_cpp.sh\n\n' + mul_mat),
+    ("amx/mmq.cpp", one_row, "    if (ssr_rows_mul_mat(params, src0, dst, wdata, M, N, K, ldc, n_batch, ne2)) {  // SSR\n"
+                             "        return;\n    }\n" + one_row),
     ("amx/mmq.cpp", "    _tile_loadconfig(&tc);\n",
      '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config read (SSR: install_llama_cpp.sh)\n'),
     ("ggml-cpu.cpp", "    ctx->use_ref             = false;\n",
@@ -85,7 +94,8 @@ PY
 
 wheelhouse() {  # the folder for the wheel built with flags "$1" (from the source as patch_source leaves it)
   local key
-  key=$(printf '%s' "$VERSION+$PATCHES $1" | sha256sum | cut -c1-12)
+  key=$(printf '%s' "$VERSION+$PATCHES+$(sha256sum < "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" | cut -c1-12) $1" \
+    | sha256sum | cut -c1-12)
   echo "${SSR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/ssr/wheels}/llama-cpp-python-$VERSION-$key"
 }
 

@@ -53,14 +53,16 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                leave=False)
     backend.release_all()
     try:
-        context_lane = backend.new_lane()  # holds the context; each group's other lanes fork it
-        backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
         # (rows, widths, repetition): first a warm-up (no repetition), the largest step, which allocates what the
         # others need
         groups: list[tuple[int, tuple[int, ...], int | None]] = [(rows[-1], (1, widths[-1]), None)]
         for repetition in range(reps):
             groups += [(rows[(i + repetition) % len(rows)], widths, repetition) for i in range(len(rows))]
         for r, group_widths, rep in groups:
+            # each group from an empty cache: a lane holding the context, the group's other lanes forks of it (on
+            # llama.cpp's exact mode a released fork's cells stay taken while a lane is live, widening every step)
+            context_lane = backend.new_lane()
+            backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
             lanes = [context_lane] + [backend.fork(context_lane) for _ in range(r - 1)]
             _sync(backend.step({lane: _dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
                                {lane: 1 for lane in lanes}))  # after a fork (vLLM: a new session's first step)
@@ -70,9 +72,7 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                 _sync(backend.step(feeds, {lane: w for lane in lanes}))
                 if rep is not None:
                     seconds[r, w].append(time.perf_counter() - t0)
-            for lane in lanes[1:]:
-                backend.release(lane)
-            backend.truncate(context_lane, context)
+            backend.release_all()
             bar.update()
     finally:
         bar.close()

@@ -6,12 +6,13 @@ The model tests skip without llama-cpp-python (``bash scripts/install_llama_cpp.
 without the embedded model's wheels.
 
 llama.cpp's CPU kernels are not batch-invariant: a position's logits move (by up to ~0.4) with the number of rows
-computed with it. The default mode (one multi-row decode a step) is pinned to its promise: SSR's greedy output
-equals plain decoding's up to its first difference, which sits at a near-tie of plain's (its two best tokens within
-twice the noise calibration measures, ``ssr.agreement``). ``exact=True`` computes every row bitwise as one-row
+computed with it. The multi-row mode (``exact=False``: one multi-row decode a step; the default without AMX) is
+pinned to its promise: SSR's greedy output equals plain decoding's up to its first difference, which sits at a
+near-tie of plain's (its two best tokens within twice the noise calibration measures, ``ssr.agreement``). ``exact=True`` computes every row bitwise as one-row
 decoding does (on the build scripts/install_llama_cpp.sh makes: multi-row decodes with batch-invariant attention;
 elsewhere: decodes of at most 3 rows), and the tests pin what that gives: rows bitwise equal to one-sequence rows,
-and SSR's greedy output token for token plain decoding's.
+and SSR's greedy output token for token plain decoding's. ``exact=None`` (the default) is exact mode on an AMX build
+with install_llama_cpp.sh's patches, the multi-row mode elsewhere.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def backend():
         path = str(gguf_file(DEFAULT_MODEL))
     except ValueError as exc:  # the embedded model's wheels are not installed
         pytest.skip(str(exc))
-    b = load_backend("llama.cpp", path, DEFAULT_MODEL, n_seq_max=8, n_ctx=4096)
+    b = load_backend("llama.cpp", path, DEFAULT_MODEL, n_seq_max=8, n_ctx=4096, exact=False)  # the multi-row mode
     yield b
     b.close()
 
@@ -167,12 +168,30 @@ def test_more_lanes_than_n_seq_max_is_a_clear_error(backend):
 @pytest.fixture(scope="module")
 def exact_rows(backend):
     """The backend in its ``exact`` mode: a model and context of their own (exact mode loads the weights without
-    repacking or the AMX layout and, on the build install_llama_cpp.sh makes, starts the reference attention)."""
+    CPU repacking, in the AMX layout on an AMX build, and, on the build install_llama_cpp.sh makes, starts the
+    reference attention)."""
     from ssr.backends import load_backend
 
     b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=8, n_ctx=4096, exact=True)
     yield b
     b.close()
+
+
+@pytest.mark.real_model
+def test_default_mode_is_exact_where_it_costs_no_more(backend):
+    """``exact=None`` (the default): the bitwise mode on an AMX build with install_llama_cpp.sh's patches (the AMX
+    layout and the reference attention, as fast as the multi-row mode there), the multi-row mode elsewhere."""
+    from ssr.backends import load_backend
+    from ssr.backends.llama_cpp import _cpu_library, _kernels
+
+    b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=2, n_ctx=512)
+    try:
+        expected = "AMX_INT8" in _kernels(b._ll) and _cpu_library(b._ll).reference_attention
+        assert b.exact == b.row_exact == b.batch_invariant == expected
+        if expected:
+            assert b.amx  # the AMX layout kept
+    finally:
+        b.close()
 
 
 @pytest.mark.real_model
@@ -205,9 +224,14 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     """On the build install_llama_cpp.sh makes (reference attention), exact mode keeps a step in one multi-row decode
     (rows counted) and its rows are bitwise one-row decoding's also where a one-row decode would split its keys
     across threads (512 cached cells on), beside other lanes, and after a prompt prefilled in other pieces."""
+    from ssr.backends.llama_cpp import _kernels
+
     backend = exact_rows
     if not backend.batch_invariant:
         pytest.skip("this llama.cpp build lacks scripts/install_llama_cpp.sh's attention patch: exact mode splits rows")
+    # on an AMX build the weights stay in the AMX layout: the 19 rows below go through AMX tiles, the 8 rows at the
+    # end through SSR's multi-row VNNI kernels (install_llama_cpp.sh), both checked against the one-row kernel
+    assert backend.amx == ("AMX_INT8" in _kernels(backend._ll))
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()
@@ -232,6 +256,57 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     rows = backend.step({other: ids[-1:] + ref[:7]}, {other: 8})[other]
     assert torch.equal(rows, torch.stack(ref_rows[:8]))
     backend.release_all()
+
+
+@pytest.mark.real_model
+def test_exact_mode_keeps_bits_after_a_fork_is_released(exact_rows):
+    """llama.cpp's cache puts new tokens into the first free cells and its attention sums a row's keys in cell order,
+    so a lane whose later tokens filled the cells of a fork released before them summed in another order (measured
+    without the rule: 35 of 40 rows off, by up to 0.56). Exact mode keeps those cells taken while lanes are live."""
+    backend = exact_rows
+    backend.release_all()
+    ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)
+    prompt, later = ids[:300], ids[300:330]
+    ref = backend.new_lane()
+    backend.step({ref: prompt})
+    want = torch.stack([backend.step({ref: [t]})[ref][-1] for t in later])
+    backend.release_all()
+    lane = backend.new_lane()
+    backend.step({lane: prompt})
+    fork = backend.fork(lane)
+    backend.step({fork: ids[400:460]})  # 60 cells after the lane's
+    got = [backend.step({lane: [t]})[lane][-1] for t in later[:5]]  # cells after the fork's
+    backend.release(fork)
+    got += [backend.step({lane: [t]})[lane][-1] for t in later[5:]]
+    assert torch.equal(torch.stack(got), want)
+    backend.release_all()
+
+
+@pytest.mark.real_model
+def test_exact_mode_frees_kept_cells_when_the_cache_fills(backend):
+    """Exact mode's kept cells (cut or released lanes') are freed when no lane is live, and where a step would not
+    fit otherwise (counted in ``kv_order_resets``): a small cache goes on decoding instead of running out of cells."""
+    from ssr.backends import load_backend
+
+    b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=2, n_ctx=256, exact=True)
+    try:
+        ids = b.tokenizer.encode(open(__file__).read(), add_special_tokens=False)
+        lane = b.new_lane()
+        b.step({lane: ids[:100]})
+        for _ in range(4):  # alone, a lane's cut tail is freed (its own next tokens refill it)
+            b.step({lane: ids[100:130]})
+            b.truncate(lane, 100)
+        assert b.kv_order_resets == 0
+        fork = b.fork(lane)
+        for _ in range(6):  # beside another lane, 30 cells kept after each cut: 280 cells taken, the cache has 256
+            b.step({fork: ids[100:130]})
+            b.truncate(fork, 100)
+        assert b.kv_order_resets == 1 and b.length(fork) == 100
+        b.release(fork)
+        b.release(lane)
+        assert b._cells_fed == 0  # no lane live: the cache is empty again
+    finally:
+        b.close()
 
 
 @pytest.mark.real_model

@@ -14,17 +14,19 @@ and its batched API fits SSR's lanes one to one:
   kernels (llamafile's sgemm for the f16 attention products, repacked gemm for each group of 4 rows), and flash
   attention splits a one-row decode's keys across threads, so a position's logits differ (by up to ~0.4 on the
   embedded model) with the number of rows computed with it. Multi-row decodes are what lets speculation pay here
-  (16 tokens in one decode cost 5.3 steps on a compute-bound 2-core CPU, far less on others), so the default
-  (``exact=False``) puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a
-  near-tie, a position where SSR's token lies within twice the kernel noise that calibration measures
-  (``ssr.calibrate.measure_noise``) of plain's, where either token is the model's (``ssr.agreement``).
-  ``exact=True`` keeps bitwise identity instead. On the build scripts/install_llama_cpp.sh makes, flash attention
-  is switched to its reference path (each query row over all its keys in order, whatever the batch) and the
-  weights stay in the plain layout (no repacking): then every row's logits are the same bits in any decode
+  (16 tokens in one decode cost 5.3 steps on a compute-bound 2-core CPU, far less on others), so ``exact=False``
+  puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a near-tie, a position
+  where SSR's token lies within twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``)
+  of plain's, where either token is the model's (``ssr.agreement``). ``exact=True`` keeps bitwise identity
+  instead, and is the default (``exact=None``) where it costs no more: an AMX build with the script's patches.
+  On the build scripts/install_llama_cpp.sh makes, flash attention is switched to its reference path (each query
+  row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (its
+  one-row VNNI kernel, SSR's multi-row kernels for 2-12 rows and AMX tiles above give each row the bits it has
+  alone) or in the plain layout elsewhere (no repacking): then every row's logits are the same bits in any decode
   (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens), so exact
-  mode keeps the multi-row decodes and their cost. On other builds, every wanted row (and each lane's last fed
-  token) goes in decodes of at most ``EXACT_ROWS`` rows, which gives the one-row kernels' bits but costs about a
-  step per verified token, so SSR rarely speculates there.
+  mode keeps the multi-row decodes and their cost. On other
+  builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows, which
+  gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import re
@@ -94,10 +97,11 @@ class LlamaCppBackend(Backend[_Lane]):
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
     ``n_threads``: llama.cpp's threads (default: torch's thread count, so ``ssr bench --threads`` applies);
     ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: bitwise the rows one-row decodes
-    compute (default False: one multi-row decode a step, near-ties; see the module docstring); ``repack``: llama.cpp's
-    CPU weight repacking and, on a build with AMX, the AMX weight layout (default mode only, or repacking where exact
-    mode splits rows); ``tokenizer``: a Hugging Face tokenizer or the directory of one (default: see the module
-    docstring).
+    compute (default None: True on an AMX build with scripts/install_llama_cpp.sh's patches, where it costs what the
+    multi-row mode costs; else False, one multi-row decode a step with near-ties; see the module docstring);
+    ``repack``: llama.cpp's CPU weight repacking and, on a build with AMX, the AMX weight layout (in exact mode: the
+    AMX layout on an AMX build with the attention patch, the repacking where exact mode splits rows); ``tokenizer``:
+    a Hugging Face tokenizer or the directory of one (default: see the module docstring).
     """
 
     # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
@@ -106,7 +110,7 @@ class LlamaCppBackend(Backend[_Lane]):
 
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
-                 n_ubatch: int | None = None, exact: bool = False, repack: bool = True, tokenizer=None,
+                 n_ubatch: int | None = None, exact: bool | None = None, repack: bool = True, tokenizer=None,
                  verbose: bool = False) -> None:
         try:
             import llama_cpp
@@ -119,24 +123,37 @@ class LlamaCppBackend(Backend[_Lane]):
         gguf = gguf_file(model_name, model_path)
         self.model_path = str(gguf)
         self.model_name = model_name or gguf.stem
-        if not 1 <= n_seq_max <= ll.llama_max_parallel_sequences():
-            raise ValueError(f"n_seq_max must be in 1..{ll.llama_max_parallel_sequences()}, got {n_seq_max}")
+        if not 1 <= n_seq_max < ll.llama_max_parallel_sequences():
+            raise ValueError(f"n_seq_max must be in 1..{ll.llama_max_parallel_sequences() - 1}, got {n_seq_max}")
         self.n_threads = int(n_threads or torch.get_num_threads())
         self.n_seq_max, self.n_batch = int(n_seq_max), int(min(n_batch, n_ctx))
-        self.exact = self.row_exact = bool(exact)
         ll.llama_backend_init()
         built_with = _kernels(ll)
+        library = _cpu_library(ll)
+        amx_build = "AMX_INT8" in built_with
+        # exact=None: bitwise where that costs what the multi-row mode costs, an AMX build with the attention patch
+        # (measured 2026-12-05: the same seconds a token on HumanEval, plain 5% slower on BFCL from the reference
+        # attention's prefill); elsewhere exact mode gives up CPU repacking (or splits rows), so the multi-row mode
+        # with its near-tie promise is the default there
+        self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
-        # step in one multi-row decode, bitwise whatever the batch, with weights in the plain layout (CPU
-        # repacking's gemm for each group of 4 rows would round differently). Otherwise exact mode splits the rows.
-        self.batch_invariant = self.exact and _reference_attention(ll)
-        # extra buffer types: llama.cpp's CPU weight repacking (faster multi-row matmuls) and, on an AMX build, the
-        # AMX layout; not in exact mode, except the repacking where exact mode splits the rows (EXACT_ROWS)
-        extra = bool(repack) and (not self.exact or (not self.batch_invariant and "AMX_INT8" not in built_with))
-        self.amx = extra and "AMX_INT8" in built_with
-        # the kernels this build has are part of the cost table's key: the same CPU costs differently per build
-        self.cost_version = (f"{type(self).cost_version};{','.join(built_with)}" + (";amx" if self.amx else "")
-                             + (";reference-attention" if self.batch_invariant else ""))
+        # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (its one-row kernel,
+        # SSR's rows kernels and AMX tiles give a row the bits it has alone: measured, and tests/test_llama_cpp.py
+        # checks it); CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact mode
+        # on other builds loads the plain layout. Without the patch, exact mode splits the rows (EXACT_ROWS).
+        self.batch_invariant = self.exact and library.reference_attention
+        if not self.exact:
+            extra = bool(repack)  # llama.cpp's CPU weight repacking and, on an AMX build, the AMX layout
+        elif self.batch_invariant:
+            extra = bool(repack) and amx_build
+        else:
+            extra = bool(repack) and not amx_build
+        self.amx = extra and amx_build
+        # the build is part of the cost table's key: the same CPU costs differently per build and kernel patch
+        self.cost_version = (f"{type(self).cost_version};{','.join(built_with)};{library.digest}"
+                             + (";amx" if self.amx else "") + (";reference-attention" if self.batch_invariant else "")
+                             + (f";amx-vnni-rows={os.environ['SSR_AMX_VNNI_ROWS']}"  # the rows kernels' limit, moved
+                                if self.amx and "SSR_AMX_VNNI_ROWS" in os.environ else ""))
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
         mparams.use_extra_bufts = extra
@@ -147,7 +164,7 @@ class LlamaCppBackend(Backend[_Lane]):
         cparams.n_ctx = int(n_ctx)
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = int(min(n_ubatch or self.n_batch, self.n_batch))
-        cparams.n_seq_max = self.n_seq_max
+        cparams.n_seq_max = self.n_seq_max + 1  # one more sequence: the cells exact mode keeps (_retire)
         cparams.kv_unified = True  # one cache for every sequence: forks share cells, a fork copies nothing
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -178,6 +195,19 @@ class LlamaCppBackend(Backend[_Lane]):
             self.close()
             raise
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest
+        # exact mode: llama.cpp's attention sums a row's keys in the order their cells lie in the cache, and the cache
+        # puts new tokens into the first free cells, so a lane whose later tokens filled cells freed before its
+        # earlier ones (a released draft lane's, another request's) summed in another order than plain decoding
+        # and its logits moved (by up to 0.56, measured). So exact mode frees no cell while another lane is live: a
+        # cut or released lane's cells go to sequence ``_retired`` (attended by no row), and are freed when no lane
+        # is live; new tokens then always take cells after every live token. (Kept cells widen every row's attention
+        # span, so a lane alone frees its cut tail: only its own next tokens can take those cells.) ``_cells_fed``
+        # counts the cells taken since the cache was last empty; where the next step would not fit, the retired
+        # cells are freed with lanes live (``kv_order_resets`` counts it: a live lane's later tokens may then sum in
+        # another order).
+        self._retired = self.n_seq_max
+        self._cells_fed = 0
+        self.kv_order_resets = 0
         self._batch = None
         self._batch_size = 0
         self.decodes = 0  # llama_decode calls (forward passes)
@@ -229,17 +259,39 @@ class LlamaCppBackend(Backend[_Lane]):
         return state
 
     def _cut(self, state: _Lane, length: int) -> None:
+        if len(self.lanes) > 1:
+            self._retire(state.seq, length)
+        elif self.exact:  # alone, a lane's freed tail can only be refilled by its own next tokens, in order
+            self._cells_fed -= len(state.tokens) - length
         if not self._ll.llama_memory_seq_rm(self._mem, state.seq, length, -1):
             raise LlamaCppError(f"llama.cpp could not truncate sequence {state.seq} to {length} tokens")
 
     def _free(self, state: _Lane) -> None:
+        if self.lanes:
+            self._retire(state.seq, -1)
         self._ll.llama_memory_seq_rm(self._mem, state.seq, -1, -1)
         self._free_seqs.append(state.seq)
+        if self.exact and not self.lanes:  # no lane live: the retired cells go too, the cache is empty again
+            self._free_all([])
 
     def _free_all(self, states: list[_Lane]) -> None:
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
+        self._cells_fed = 0
         if self._ctx:  # not after close()
             self._ll.llama_memory_clear(self._mem, True)
+
+    def _retire(self, seq: int, start: int) -> None:
+        """Exact mode: the cells of ``seq`` from position ``start`` on (-1: all) stay taken, by ``_retired``."""
+        if self.exact:
+            self._ll.llama_memory_seq_cp(self._mem, seq, self._retired, start, -1)
+
+    def _make_room(self, n: int) -> None:
+        """Exact mode, before a step of ``n`` tokens: free the retired cells where the step would not fit."""
+        if self._cells_fed + n > self._ll.llama_n_ctx(self._ctx):
+            self._ll.llama_memory_seq_rm(self._mem, self._retired, -1, -1)
+            self.kv_order_resets += 1
+            self._cells_fed = sum(len(state.tokens) for state in self.lanes.values())  # at most what they hold
+        self._cells_fed += n
 
     # -- the batched forward pass ------------------------------------------------------------------------------------
     def step(self, feeds: dict[int, list[int]], want: dict[int, int] | None = None) -> dict[int, torch.Tensor]:
@@ -258,6 +310,8 @@ class LlamaCppBackend(Backend[_Lane]):
             bulk.append([(state.seq, t, start + i, False) for i, t in enumerate(feed[:cut])])
             rows_part.extend((state.seq, t, start + i, True) for i, t in enumerate(feed[cut:], cut))
             rows[lane] = k
+        if self.exact:
+            self._make_room(sum(len(feed) for feed in feeds.values()))
         if self.exact and not self.batch_invariant:
             # each lane's bulk on its own (so its numerics depend on nothing else in the step), then the wanted
             # rows EXACT_ROWS at a time: llama.cpp's one-row kernels, bitwise what a one-token step computes
@@ -356,11 +410,15 @@ def _kernels(ll) -> list[str]:
     return sorted(name for name, on in re.findall(r"(\w+) = (\d+)", info) if on != "0")
 
 
-def _reference_attention(ll) -> bool:
-    """Whether this build reads ``GGML_CPU_USE_REF`` (the patch scripts/install_llama_cpp.sh applies), which makes
-    flash attention compute each query row alike in any batch: the loaded CPU library holds the variable's name."""
-    lib = Path(ll.llama_cpp._base_path)
-    return any(b"GGML_CPU_USE_REF" in path.read_bytes() for path in lib.glob("libggml-cpu*") if path.is_file())
+def _cpu_library(ll) -> SimpleNamespace:
+    """What the loaded CPU library (libggml-cpu) is, from its bytes: ``reference_attention``, whether it reads
+    ``GGML_CPU_USE_REF`` (the patch scripts/install_llama_cpp.sh applies, which makes flash attention compute each
+    query row alike in any batch); ``digest``, a short hash of the file (a rebuilt library, SSR's multi-row AMX
+    kernels among its patches, is calibrated again)."""
+    found = sorted(path for path in Path(ll.llama_cpp._base_path).glob("libggml-cpu*") if path.is_file())
+    data = found[0].read_bytes() if found else b""  # libggml-cpu.so (its versioned names hold the same library)
+    return SimpleNamespace(reference_attention=b"GGML_CPU_USE_REF" in data,
+                           digest=hashlib.sha256(data).hexdigest()[:12])
 
 
 @contextlib.contextmanager
