@@ -23,10 +23,10 @@ and its batched API fits SSR's lanes one to one:
   row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (its
   one-row VNNI kernel, SSR's multi-row kernels for 2-12 rows and AMX tiles above give each row the bits it has
   alone) or in the plain layout elsewhere (no repacking): then every row's logits are the same bits in any decode
-  (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens), so exact
-  mode keeps the multi-row decodes and their cost. On other
-  builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows, which
-  gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
+  (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens; no KV cell
+  is freed while another lane is live, see ``_retire``), so exact mode keeps the multi-row decodes and their cost.
+  On other builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows,
+  which gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
@@ -132,9 +132,9 @@ class LlamaCppBackend(Backend[_Lane]):
         library = _cpu_library(ll)
         amx_build = "AMX_INT8" in built_with
         # exact=None: bitwise where that costs what the multi-row mode costs, an AMX build with the attention patch
-        # (measured 2026-12-05: the same seconds a token on HumanEval, plain 5% slower on BFCL from the reference
-        # attention's prefill); elsewhere exact mode gives up CPU repacking (or splits rows), so the multi-row mode
-        # with its near-tie promise is the default there
+        # (measured 2026-12-05: the same seconds a token on HumanEval, plain 2-5% slower on BFCL and the agent
+        # suite, from the reference attention's prefill); elsewhere exact mode gives up CPU repacking (or splits
+        # rows), so the multi-row mode with its near-tie promise is the default there
         self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
         # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (its one-row kernel,
