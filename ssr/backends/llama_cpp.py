@@ -259,7 +259,7 @@ class LlamaCppBackend(Backend[_Lane]):
         return state
 
     def _cut(self, state: _Lane, length: int) -> None:
-        if len(self.lanes) > 1:
+        if self.exact and len(self.lanes) > 1:
             self._retire(state.seq, length)
         elif self.exact:  # alone, a lane's freed tail can only be refilled by its own next tokens, in order
             self._cells_fed -= len(state.tokens) - length
@@ -267,7 +267,7 @@ class LlamaCppBackend(Backend[_Lane]):
             raise LlamaCppError(f"llama.cpp could not truncate sequence {state.seq} to {length} tokens")
 
     def _free(self, state: _Lane) -> None:
-        if self.lanes:
+        if self.exact and self.lanes:
             self._retire(state.seq, -1)
         self._ll.llama_memory_seq_rm(self._mem, state.seq, -1, -1)
         self._free_seqs.append(state.seq)
@@ -282,8 +282,7 @@ class LlamaCppBackend(Backend[_Lane]):
 
     def _retire(self, seq: int, start: int) -> None:
         """Exact mode: the cells of ``seq`` from position ``start`` on (-1: all) stay taken, by ``_retired``."""
-        if self.exact:
-            self._ll.llama_memory_seq_cp(self._mem, seq, self._retired, start, -1)
+        self._ll.llama_memory_seq_cp(self._mem, seq, self._retired, start, -1)
 
     def _make_room(self, n: int) -> None:
         """Exact mode, before a step of ``n`` tokens: free the retired cells where the step would not fit."""
