@@ -229,8 +229,8 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     backend = exact_rows
     if not backend.batch_invariant:
         pytest.skip("this llama.cpp build lacks scripts/install_llama_cpp.sh's attention patch: exact mode splits rows")
-    # on an AMX build the weights stay in the AMX layout: the 19 rows below go through AMX tiles, the 8 rows at the
-    # end through SSR's multi-row VNNI kernels (install_llama_cpp.sh), both checked against the one-row kernel
+    # on an AMX build the weights stay in the AMX layout: every decode below, one row or 19, goes through SSR's VNNI
+    # kernels (install_llama_cpp.sh; SSR_AMX_VNNI_ROWS=12 sends the 19 rows to AMX tiles, which hold this too)
     assert backend.amx == ("AMX_INT8" in _kernels(backend._ll))
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()

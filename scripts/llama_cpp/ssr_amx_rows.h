@@ -1,18 +1,23 @@
-// SSR's multi-row kernels for ggml's AMX backend (added to the vendored llama.cpp by scripts/install_llama_cpp.sh,
-// included by ggml-cpu/amx/mmq.cpp just before ggml_backend_amx_mul_mat, which calls ssr_rows_mul_mat).
+// SSR's matmul kernels for ggml's AMX backend (added to the vendored llama.cpp by scripts/install_llama_cpp.sh,
+// included by ggml-cpu/amx/mmq.cpp just before ggml_backend_amx_mul_mat, which calls ssr_rows_mul_mat first).
 //
-// Why: ggml's AMX matmul decodes one row with a VNNI kernel and every batch of two rows or more with AMX tiles,
-// which pay for 16 rows and unpack every weight block into tile layout whatever the batch holds: on a 2-vCPU
-// Sapphire Rapids VM a 2-row decode of Qwen2.5-1.5B Q4_K_M cost 1.6 one-row decodes, and a speculative verify step
-// is such a batch of a few rows. These kernels are the one-row VNNI kernels with each weight block loaded and
-// unpacked once for up to four rows. Each row's arithmetic is the one-row kernel's, operation for operation
-// (integer dot products, then the same float multiply-adds in the same order), so a row's matmul output has the
-// bits it has when that row is decoded alone.
+// Why: ggml's AMX matmul runs one row through a VNNI kernel whose integer dot products form one dependency chain
+// per tile of 16 columns, and every batch of two rows or more through AMX tiles, which for K-quants unpack every
+// weight block into tile layout and rescale each 32-value group of every 16x16 tile with AVX-512 around each tile
+// product. On a 2-vCPU Sapphire Rapids VM (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads) a 2-row decode cost 1.2 one-row
+// decodes and a 4-row decode 1.4; a 512-token prefill took 7.1 ms a token. These kernels are that one-row kernel
+// with each weight block loaded and unpacked once for up to four rows and the dot products of four rows x four
+// tiles (16 chains) interleaved: the same decodes cost 70 ms for one row (86 before), 1.3 for four rows, and the
+// prefill 5.6 ms a token (docs/backends/llama-cpp.md). Each row's arithmetic is the one-row kernel's, operation for
+// operation (integer dot products, exact in any order, then the same float multiply-adds in the same order), so a
+// row's output has the bits it has when that row is decoded alone, through ggml's kernel or these.
 //
-// SSR_AMX_VNNI_ROWS (environment, read once) caps the rows that take this path; above it the AMX tiles run.
+// SSR_AMX_VNNI_ROWS=N (environment, read once) sends batches of more than N rows to ggml's AMX tiles (0: every
+// batch), for a machine where the tiles measure faster; unset, every batch takes these kernels.
 
 #pragma once
 
+#include <climits>
 #include <cstdlib>
 
 template <typename TB> struct ssr_has_rows_kernel : std::integral_constant<bool,
@@ -27,13 +32,42 @@ inline bool ssr_rows_type(enum ggml_type type) {
 inline int ssr_rows_max() {
     static const int rows = [] {
         const char * env = getenv("SSR_AMX_VNNI_ROWS");
-        return env ? atoi(env) : 12;  // measured: from about 12 rows on the tiles cost as little (docs/backends/llama-cpp.md)
+        return env ? atoi(env) : INT_MAX;  // measured: faster than the tiles at every batch up to 512 rows
     }();
     return rows;
 }
 
+// Accumulators of ROWS rows x COLS tiles of 16 output columns.
+template <int ROWS, int COLS> void ssr_zero(__m512 (&v)[ROWS][COLS]) {
+    for (int r = 0; r < ROWS; ++r) {
+        for (int col = 0; col < COLS; ++col) {
+            v[r][col] = _mm512_setzero_ps();
+        }
+    }
+}
+
+template <int ROWS, int COLS> void ssr_zero(__m512i (&v)[ROWS][COLS]) {
+    for (int r = 0; r < ROWS; ++r) {
+        for (int col = 0; col < COLS; ++col) {
+            v[r][col] = _mm512_setzero_si512();
+        }
+    }
+}
+
+template <int ROWS, int COLS> void ssr_store(float * RESTRICT C, int ldc, const __m512 (&vc)[ROWS][COLS]) {
+    for (int r = 0; r < ROWS; ++r) {
+        for (int col = 0; col < COLS; ++col) {
+            _mm512_storeu_ps(C + r * ldc + col * 16, vc[r][col]);
+        }
+    }
+}
+
 // C[r][0..COLS*16) = A[r] x B for r < ROWS: A holds ROWS quantized rows of KB blocks each, B one packed block
 // column (COLS tiles of 16 output columns), C rows ldc floats apart.
+//
+// The integer dot products of every row and tile run interleaved (ROWS x COLS independent accumulator chains, so
+// the VNNI units are not left waiting on one chain's latency); integer sums are exact in any order, and the float
+// multiply-adds keep the one-row kernel's order.
 template <typename TB, int ROWS, int COLS> struct ssr_rows_kernel;
 
 template <int ROWS, int COLS>
@@ -50,11 +84,7 @@ struct ssr_rows_kernel<block_q4_K, ROWS, COLS> {
         const __m512i lowMask = _mm512_set1_epi8(0xF);
 
         __m512 vc[ROWS][COLS];
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                vc[r][col] = _mm512_setzero_ps();
-            }
-        }
+        ssr_zero(vc);
         for (int i = 0; i < KB; ++i) {
             const int32_t * a32[ROWS];
             int32_t bsum_pairs[ROWS][4];  // the one-row kernel's va_bsum lanes 0..3: sums of bsums, as int16 pairs
@@ -67,58 +97,55 @@ struct ssr_rows_kernel<block_q4_K, ROWS, COLS> {
                 _mm_storeu_si128((__m128i *)bsum_pairs[r], q8s);
                 vd1[r] = _mm512_set1_ps(a.d);
             }
+            const char * b_ptr[COLS];
             for (int col = 0; col < COLS; ++col) {
-                const char * b_ptr = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
-                const char * b_qs = b_ptr;
-                __m512i acc[ROWS];
-                for (int r = 0; r < ROWS; ++r) {
-                    acc[r] = _mm512_setzero_si512();
-                }
-                for (int k_group = 0; k_group < QK_K / 32; ++k_group) {
-                    __m512i vsum[ROWS];
-                    for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_setzero_si512();
-                    }
-                    for (int k = 0; k < 8; k += 2) {
-                        const __m512i bytes = _mm512_loadu_si512((const __m512i *)b_qs);
+                b_ptr[col] = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
+            }
+            __m512i acc[ROWS][COLS];
+            ssr_zero(acc);
+            for (int k_group = 0; k_group < QK_K / 32; ++k_group) {
+                __m512i vsum[ROWS][COLS];
+                ssr_zero(vsum);
+                for (int k = 0; k < 8; k += 2) {
+                    for (int col = 0; col < COLS; ++col) {
+                        const __m512i bytes = _mm512_loadu_si512((const __m512i *)(b_ptr[col] + (k_group * 4 + k / 2) * 64));
                         const __m512i vb0 = _mm512_and_si512(bytes, lowMask);
                         const __m512i vb1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), lowMask);
                         for (int r = 0; r < ROWS; ++r) {
-                            vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb0, _mm512_set1_epi32(a32[r][k_group * 8 + k]));
-                            vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb1, _mm512_set1_epi32(a32[r][k_group * 8 + k + 1]));
+                            vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb0, _mm512_set1_epi32(a32[r][k_group * 8 + k]));
+                            vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb1, _mm512_set1_epi32(a32[r][k_group * 8 + k + 1]));
                         }
-                        b_qs += 64;
-                    }
-                    const __m512i vscale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_ptr + offset_scales + k_group * TILE_N)));
-                    for (int r = 0; r < ROWS; ++r) {
-                        acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(vsum[r], vscale));
                     }
                 }
-                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr + offset_d0)));
+                for (int col = 0; col < COLS; ++col) {
+                    const __m512i vscale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_ptr[col] + offset_scales + k_group * TILE_N)));
+                    for (int r = 0; r < ROWS; ++r) {
+                        acc[r][col] = _mm512_add_epi32(acc[r][col], _mm512_mullo_epi32(vsum[r][col], vscale));
+                    }
+                }
+            }
+            for (int col = 0; col < COLS; ++col) {
+                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_d0)));
                 for (int r = 0; r < ROWS; ++r) {
-                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
+                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][col]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
                 }
                 __m512i acc_m[ROWS];
                 for (int r = 0; r < ROWS; ++r) {
                     acc_m[r] = _mm512_setzero_si512();
                 }
                 for (int k = 0; k < 4; ++k) {
-                    const __m512i vb = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b_ptr + offset_mins + k * 32)));
+                    const __m512i vb = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_mins + k * 32)));
                     for (int r = 0; r < ROWS; ++r) {
                         acc_m[r] = _mm512_dpwssds_epi32(acc_m[r], _mm512_set1_epi32(bsum_pairs[r][k]), vb);
                     }
                 }
-                const __m512 vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr + offset_dmin)));
+                const __m512 vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_dmin)));
                 for (int r = 0; r < ROWS; ++r) {
                     vc[r][col] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(acc_m[r]), _mm512_mul_ps(vdmin, vd1[r]), vc[r][col]);
                 }
             }
         }
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                _mm512_storeu_ps(C + r * ldc + col * 16, vc[r][col]);
-            }
-        }
+        ssr_store(C, ldc, vc);
     }
 };
 
@@ -136,11 +163,7 @@ struct ssr_rows_kernel<block_q6_K, ROWS, COLS> {
         const __m512i hmask = _mm512_set1_epi8(0x3);
 
         __m512 vc[ROWS][COLS];
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                vc[r][col] = _mm512_setzero_ps();
-            }
-        }
+        ssr_zero(vc);
         for (int i = 0; i < KB; ++i) {
             const int32_t * a32[ROWS];
             int32_t comp[ROWS][16];  // 32 * bsums: the one-row kernel's vcomp
@@ -152,58 +175,53 @@ struct ssr_rows_kernel<block_q6_K, ROWS, COLS> {
                 _mm512_storeu_si512((__m512i *)comp[r], _mm512_mullo_epi32(_mm512_cvtepi16_epi32(q8sums), _mm512_set1_epi32(32)));
                 vd1[r] = _mm512_set1_ps(a.d);
             }
+            const char * b_ptr[COLS];
             for (int col = 0; col < COLS; ++col) {
-                const char * b_ptr = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
-                const char * b_qs = b_ptr;
-                const char * b_qh = b_ptr + offset_qh;
-                __m512i acc[ROWS];
-                for (int r = 0; r < ROWS; ++r) {
-                    acc[r] = _mm512_setzero_si512();
-                }
-                for (int k_group = 0; k_group < QK_K / 16; ++k_group) {
-                    __m512i vsum[ROWS];
-                    for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_setzero_si512();
-                    }
+                b_ptr[col] = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
+            }
+            __m512i acc[ROWS][COLS];
+            ssr_zero(acc);
+            for (int k_group = 0; k_group < QK_K / 16; ++k_group) {
+                __m512i vsum[ROWS][COLS];
+                ssr_zero(vsum);
+                for (int col = 0; col < COLS; ++col) {
+                    const char * b_qs = b_ptr[col] + k_group * 128;
+                    const __m512i hbits = _mm512_loadu_si512(b_ptr[col] + offset_qh + k_group * 64);
                     __m512i bytes = _mm512_loadu_si512(b_qs);
-                    const __m512i hbits = _mm512_loadu_si512(b_qh);
                     __m512i vb0 = _mm512_and_si512(bytes, lowMask);
                     __m512i vb1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), lowMask);
                     vb0 = _mm512_add_epi8(vb0, _mm512_slli_epi16(_mm512_and_si512(hbits, hmask), 4));
                     vb1 = _mm512_add_epi8(vb1, _mm512_slli_epi16(_mm512_and_si512(hbits, _mm512_slli_epi16(hmask, 2)), 2));
                     for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb0, _mm512_set1_epi32(a32[r][k_group * 4 + 0]));
-                        vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb1, _mm512_set1_epi32(a32[r][k_group * 4 + 1]));
+                        vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb0, _mm512_set1_epi32(a32[r][k_group * 4 + 0]));
+                        vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb1, _mm512_set1_epi32(a32[r][k_group * 4 + 1]));
                     }
-                    b_qs += 64;
-                    bytes = _mm512_loadu_si512(b_qs);
+                    bytes = _mm512_loadu_si512(b_qs + 64);
                     vb0 = _mm512_and_si512(bytes, lowMask);
                     vb1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), lowMask);
                     vb0 = _mm512_add_epi8(vb0, _mm512_and_si512(hbits, _mm512_slli_epi16(hmask, 4)));
                     vb1 = _mm512_add_epi8(vb1, _mm512_srli_epi16(_mm512_and_si512(hbits, _mm512_slli_epi16(hmask, 6)), 2));
                     for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb0, _mm512_set1_epi32(a32[r][k_group * 4 + 2]));
-                        vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb1, _mm512_set1_epi32(a32[r][k_group * 4 + 3]));
+                        vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb0, _mm512_set1_epi32(a32[r][k_group * 4 + 2]));
+                        vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], vb1, _mm512_set1_epi32(a32[r][k_group * 4 + 3]));
                     }
-                    b_qs += 64;
-                    b_qh += 64;
-                    const __m512i vscale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_ptr + offset_scales + k_group * TILE_N)));
+                }
+                for (int col = 0; col < COLS; ++col) {
+                    const __m512i vscale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_ptr[col] + offset_scales + k_group * TILE_N)));
                     for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_sub_epi32(vsum[r], _mm512_set1_epi32(comp[r][k_group]));
-                        acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(vsum[r], vscale));
+                        const __m512i vs = _mm512_sub_epi32(vsum[r][col], _mm512_set1_epi32(comp[r][k_group]));
+                        acc[r][col] = _mm512_add_epi32(acc[r][col], _mm512_mullo_epi32(vs, vscale));
                     }
                 }
-                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr + offset_d0)));
+            }
+            for (int col = 0; col < COLS; ++col) {
+                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_d0)));
                 for (int r = 0; r < ROWS; ++r) {
-                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
+                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][col]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
                 }
             }
         }
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                _mm512_storeu_ps(C + r * ldc + col * 16, vc[r][col]);
-            }
-        }
+        ssr_store(C, ldc, vc);
     }
 };
 
@@ -216,11 +234,7 @@ struct ssr_rows_kernel<block_q8_0, ROWS, COLS> {
         const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));  // s8 x s8 as (a + 128) x b - 128 x b
 
         __m512 vc[ROWS][COLS];
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                vc[r][col] = _mm512_setzero_ps();
-            }
-        }
+        ssr_zero(vc);
         for (int i = 0; i < KB; ++i) {
             const int32_t * a32[ROWS];
             __m512 vd1[ROWS];
@@ -228,31 +242,30 @@ struct ssr_rows_kernel<block_q8_0, ROWS, COLS> {
                 a32[r] = reinterpret_cast<const int32_t *>(A[r * KB + i].qs);
                 vd1[r] = _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(A[r * KB + i].d));
             }
+            const char * b_ptr[COLS];
             for (int col = 0; col < COLS; ++col) {
-                const char * b_ptr = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
-                __m512i vsum[ROWS];
-                for (int r = 0; r < ROWS; ++r) {
-                    vsum[r] = _mm512_setzero_si512();
-                }
-                for (int k = 0; k < 8; ++k) {
-                    const __m512i vb = _mm512_loadu_si512((const __m512i *)(b_ptr + k * 64));
+                b_ptr[col] = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
+            }
+            __m512i vsum[ROWS][COLS];
+            ssr_zero(vsum);
+            for (int k = 0; k < 8; ++k) {
+                for (int col = 0; col < COLS; ++col) {
+                    const __m512i vb = _mm512_loadu_si512((const __m512i *)(b_ptr[col] + k * 64));
                     for (int r = 0; r < ROWS; ++r) {
-                        vsum[r] = _mm512_dpbusd_epi32(vsum[r], _mm512_add_epi8(_mm512_set1_epi32(a32[r][k]), off), vb);
+                        vsum[r][col] = _mm512_dpbusd_epi32(vsum[r][col], _mm512_add_epi8(_mm512_set1_epi32(a32[r][k]), off), vb);
                     }
                 }
-                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr + TILE_N * TILE_K)));
-                const __m512i vcomp = _mm512_loadu_si512((const __m512i *)(b_ptr + TILE_N * TILE_K + TILE_N * sizeof(ggml_half)));
+            }
+            for (int col = 0; col < COLS; ++col) {
+                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + TILE_N * TILE_K)));
+                const __m512i vcomp = _mm512_loadu_si512((const __m512i *)(b_ptr[col] + TILE_N * TILE_K + TILE_N * sizeof(ggml_half)));
                 for (int r = 0; r < ROWS; ++r) {
-                    vsum[r] = _mm512_sub_epi32(vsum[r], vcomp);
-                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vsum[r]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
+                    const __m512i vs = _mm512_sub_epi32(vsum[r][col], vcomp);
+                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vs), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
                 }
             }
         }
-        for (int r = 0; r < ROWS; ++r) {
-            for (int col = 0; col < COLS; ++col) {
-                _mm512_storeu_ps(C + r * ldc + col * 16, vc[r][col]);
-            }
-        }
+        ssr_store(C, ldc, vc);
     }
 };
 
@@ -288,14 +301,14 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
     }
 }
 
-// dst = src1 x src0 for 2..ssr_rows_max() rows where src0's type has a kernel above; false where it does not
+// dst = src1 x src0 for 1..ssr_rows_max() rows where src0's type has a kernel above; false where it does not
 // apply (the caller then runs ggml's AMX path). wdata holds src1's rows already quantized to the vec_dot type.
 inline bool ssr_rows_mul_mat(const ggml_compute_params * params, const ggml_tensor * src0, ggml_tensor * dst,
                              const void * wdata, int M, int N, int K, int ldc, int64_t n_batch, int64_t ne2) {
-    constexpr int COLS = 2;  // output columns a work item: 2 tiles of 16
+    constexpr int COLS = 4;  // output columns a work item: 4 tiles of 16 (2 measured slower)
     constexpr int ROWS = 4;  // rows sharing each unpacked weight block
     const enum ggml_type TYPE = src0->type;
-    if (M < 2 || M > ssr_rows_max() || !ssr_rows_type(TYPE) || N % (TILE_N * COLS) != 0) {
+    if (M < 1 || M > ssr_rows_max() || !ssr_rows_type(TYPE) || N % (TILE_N * COLS) != 0) {
         return false;
     }
     parallel_for_ggml(params, n_batch * (N / (TILE_N * COLS)), [&](int begin, int end) {

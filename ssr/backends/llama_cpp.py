@@ -20,9 +20,9 @@ and its batched API fits SSR's lanes one to one:
   of plain's, where either token is the model's (``ssr.agreement``). ``exact=True`` keeps bitwise identity
   instead, and is the default (``exact=None``) where it costs no more: an AMX build with the script's patches.
   On the build scripts/install_llama_cpp.sh makes, flash attention is switched to its reference path (each query
-  row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (its
-  one-row VNNI kernel, SSR's multi-row kernels for 2-12 rows and AMX tiles above give each row the bits it has
-  alone) or in the plain layout elsewhere (no repacking): then every row's logits are the same bits in any decode
+  row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (SSR's
+  VNNI kernels, which the script adds, run every batch, and give each row the bits ggml's one-row kernel gives it;
+  ggml's AMX tiles, with ``SSR_AMX_VNNI_ROWS``, do too) or in the plain layout elsewhere (no repacking): then every row's logits are the same bits in any decode
   (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens; no KV cell
   is freed while another lane is live, see ``_retire``), so exact mode keeps the multi-row decodes and their cost.
   On other builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows,
@@ -137,8 +137,8 @@ class LlamaCppBackend(Backend[_Lane]):
         # rows), so the multi-row mode with its near-tie promise is the default there
         self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
-        # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (its one-row kernel,
-        # SSR's rows kernels and AMX tiles give a row the bits it has alone: measured, and tests/test_llama_cpp.py
+        # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (SSR's rows kernels,
+        # ggml's one-row kernel and AMX tiles give a row the bits it has alone: measured, and tests/test_llama_cpp.py
         # checks it); CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact mode
         # on other builds loads the plain layout. Without the patch, exact mode splits the rows (EXACT_ROWS).
         self.batch_invariant = self.exact and library.reference_attention
