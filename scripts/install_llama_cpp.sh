@@ -67,8 +67,8 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's three changes to the vendored
   #    then computes every query row alike whatever the batch (no key splitting, no tiles), which exact mode needs.
   # 3. AMX: every matmul of Q4_K, Q6_K or Q8_0 weights runs SSR's VNNI kernels (scripts/llama_cpp/ssr_amx_rows.h)
   #    instead of ggml's one-row kernel and AMX tiles: the same bits a row, and on the Xeon VM of docs/backends/
-  #    llama-cpp.md a one-row decode of the 1.5B in 70 ms against 86, four rows 1.3 one-row decodes against 1.4, a
-  #    prefill 5.6 ms a token against 7.1. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all).
+  #    llama-cpp.md a one-row decode of the 1.5B in 67 ms against 90, four rows in 86 against 123, a prefill 6.0 ms
+  #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all).
   cp "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/amx/"
   "$VENV/bin/python" - "$1/vendor/llama.cpp/ggml/src/ggml-cpu" <<'PY'
 import sys

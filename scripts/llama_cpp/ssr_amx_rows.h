@@ -4,11 +4,11 @@
 // Why: ggml's AMX matmul runs one row through a VNNI kernel whose integer dot products form one dependency chain
 // per tile of 16 columns, and every batch of two rows or more through AMX tiles, which for K-quants unpack every
 // weight block into tile layout and rescale each 32-value group of every 16x16 tile with AVX-512 around each tile
-// product. On a 2-vCPU Sapphire Rapids VM (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads) a 2-row decode cost 1.2 one-row
-// decodes and a 4-row decode 1.4; a 512-token prefill took 7.1 ms a token. These kernels are that one-row kernel
-// with each weight block loaded and unpacked once for up to four rows and the dot products of four rows x four
-// tiles (16 chains) interleaved: the same decodes cost 70 ms for one row (86 before), 1.3 for four rows, and the
-// prefill 5.6 ms a token (docs/backends/llama-cpp.md). Each row's arithmetic is the one-row kernel's, operation for
+// product. On a 2-vCPU Sapphire Rapids VM (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads) a 2-row decode on the tiles cost
+// 1.6 one-row decodes. These kernels are that one-row kernel with each weight block loaded and unpacked once for up
+// to four rows and the dot products of four rows x four tiles (16 chains) interleaved: there a one-row decode takes
+// 67 ms against 90 through ggml's kernel, four rows 1.3 one-row decodes, a 512-token prefill 6.0 ms a token against
+// 6.7 on the tiles (docs/backends/llama-cpp.md). Each row's arithmetic is the one-row kernel's, operation for
 // operation (integer dot products, exact in any order, then the same float multiply-adds in the same order), so a
 // row's output has the bits it has when that row is decoded alone, through ggml's kernel or these.
 //

@@ -22,9 +22,10 @@ and its batched API fits SSR's lanes one to one:
   On the build scripts/install_llama_cpp.sh makes, flash attention is switched to its reference path (each query
   row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (SSR's
   VNNI kernels, which the script adds, run every batch, and give each row the bits ggml's one-row kernel gives it;
-  ggml's AMX tiles, with ``SSR_AMX_VNNI_ROWS``, do too) or in the plain layout elsewhere (no repacking): then every row's logits are the same bits in any decode
-  (measured: 2-32 rows, lanes side by side, prompts prefilled in other splits, 64-2000 cached tokens; no KV cell
-  is freed while another lane is live, see ``_retire``), so exact mode keeps the multi-row decodes and their cost.
+  ggml's AMX tiles, with ``SSR_AMX_VNNI_ROWS``, do too) or in the plain layout elsewhere (no repacking): then
+  every row's logits are the same bits in any decode (measured: 2-32 rows, lanes side by side, prompts prefilled
+  in other splits, 64-2000 cached tokens; no KV cell is freed while another lane is live, see ``_retire``), so
+  exact mode keeps the multi-row decodes and their cost.
   On other builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows,
   which gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
 
