@@ -141,7 +141,10 @@ import llama_cpp as ll
 ll.llama_backend_init()
 print("llama-cpp-python", ll.__version__, "|", ll.llama_print_system_info().decode().strip())
 PY
-  "$VENV/bin/python" -c "from ssr.backends.llama_cpp import smoke_test; smoke_test()"
+  "$VENV/bin/python" -c "from ssr.backends.llama_cpp import smoke_test; smoke_test()" &&
+  # on AMX the embedded models' matmuls all take SSR's kernels: a second child sends them to ggml's AMX tiles, which
+  # other GGUF types (Q4_0, Q5_K, IQ4_XS) take
+  SSR_AMX_VNNI_ROWS=0 "$VENV/bin/python" -c "from ssr.backends.llama_cpp import smoke_test; smoke_test()"
 }
 
 start=$(date +%s)
