@@ -8,11 +8,12 @@ without the embedded model's wheels.
 llama.cpp's CPU kernels are not batch-invariant: a position's logits move (by up to ~0.4) with the number of rows
 computed with it. The multi-row mode (``exact=False``: one multi-row decode a step; the default without AMX) is
 pinned to its promise: SSR's greedy output equals plain decoding's up to its first difference, which sits at a
-near-tie of plain's (its two best tokens within twice the noise calibration measures, ``ssr.agreement``). ``exact=True`` computes every row bitwise as one-row
-decoding does (on the build scripts/install_llama_cpp.sh makes: multi-row decodes with batch-invariant attention;
-elsewhere: decodes of at most 3 rows), and the tests pin what that gives: rows bitwise equal to one-sequence rows,
-and SSR's greedy output token for token plain decoding's. ``exact=None`` (the default) is exact mode on an AMX build
-with install_llama_cpp.sh's patches, the multi-row mode elsewhere.
+near-tie of plain's (its two best tokens within twice the noise calibration measures, ``ssr.agreement``).
+``exact=True`` computes every row bitwise as one-row decoding does (on the build scripts/install_llama_cpp.sh makes:
+multi-row decodes with batch-invariant attention; elsewhere: decodes of at most 3 rows), and the tests pin what that
+gives: rows bitwise equal to one-sequence rows, and SSR's greedy output token for token plain decoding's.
+``exact=None`` (the default) is exact mode on an AMX build with install_llama_cpp.sh's patches, the multi-row mode
+elsewhere.
 """
 
 from __future__ import annotations
