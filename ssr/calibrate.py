@@ -58,12 +58,16 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
         groups: list[tuple[int, tuple[int, ...], int | None]] = [(rows[-1], (1, widths[-1]), None)]
         for repetition in range(reps):
             groups += [(rows[(i + repetition) % len(rows)], widths, repetition) for i in range(len(rows))]
+        # every group's lanes are forks of one lane holding the context, prefilled once; where a released fork's
+        # cells stay taken while a lane is live (llama.cpp's exact mode), which would widen every later step, each
+        # group starts from an empty cache and prefills the context again
+        linger = getattr(backend, "released_cells_linger", False)
+        context_lane = None
         for r, group_widths, rep in groups:
-            # each group from an empty cache: a lane holding the context, the group's other lanes forks of it (on
-            # llama.cpp's exact mode a released fork's cells stay taken while a lane is live, widening every step)
-            context_lane = backend.new_lane()
-            backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
-            lanes = [context_lane] + [backend.fork(context_lane) for _ in range(r - 1)]
+            if context_lane is None:
+                context_lane = backend.new_lane()
+                backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
+            lanes = [backend.fork(context_lane) for _ in range(r)]
             _sync(backend.step({lane: _dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
                                {lane: 1 for lane in lanes}))  # after a fork (vLLM: a new session's first step)
             for w in group_widths:
@@ -72,7 +76,12 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
                 _sync(backend.step(feeds, {lane: w for lane in lanes}))
                 if rep is not None:
                     seconds[r, w].append(time.perf_counter() - t0)
-            backend.release_all()
+            if linger:
+                backend.release_all()
+                context_lane = None
+            else:
+                for lane in lanes:
+                    backend.release(lane)
             bar.update()
     finally:
         bar.close()

@@ -27,6 +27,28 @@ def test_measure_costs_through_the_protocol():
     assert b.live_lanes == 0  # it cleans up after itself
 
 
+def test_context_prefilled_once_unless_released_cells_linger(monkeypatch):
+    """The groups of steps fork one prefilled context; a backend whose released lanes' cells stay taken (llama.cpp's
+    exact mode) gets an empty cache, and the context prefilled again, for every group."""
+    def prefills(linger: bool) -> int:
+        b = backend()
+        b.released_cells_linger = linger
+        fed: list[int] = []  # tokens fed to each lane in each step
+        step = b.step
+
+        def counted(feeds, want=None):
+            fed.extend(map(len, feeds.values()))
+            return step(feeds, want)
+
+        monkeypatch.setattr(b, "step", counted)
+        calibrate.measure_costs(b, **GRID)
+        assert b.live_lanes == 0
+        return fed.count(GRID["context"])
+
+    assert prefills(False) == 1
+    assert prefills(True) == 3  # GRID, reps=1: a warm-up group and two row groups
+
+
 def test_calibrated_caches_and_reloads(tmp_path, monkeypatch):
     monkeypatch.setenv("SSR_CACHE", str(tmp_path))
     monkeypatch.delenv("SSR_RECALIBRATE", raising=False)

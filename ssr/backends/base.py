@@ -107,6 +107,10 @@ class Backend(ABC, Generic[LaneT]):
     # decoding's only at near-ties, and calibration measures how far a logit moves with the step's shape
     # (``ssr.calibrate.measure_noise``)
     row_exact: bool = True
+    # whether a released lane's cache cells stay taken while another lane is live (llama.cpp's exact mode keeps
+    # them so that a row's attention sees the cells it would see alone); calibration then empties the cache
+    # between its groups of steps instead of forking them all from one prefilled context
+    released_cells_linger: bool = False
     lanes: LaneTable[LaneT]
 
     def __init__(self) -> None:

@@ -143,6 +143,7 @@ class LlamaCppBackend(Backend[_Lane]):
         # checks it); CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact mode
         # on other builds loads the plain layout. Without the patch, exact mode splits the rows (EXACT_ROWS).
         self.batch_invariant = self.exact and library.reference_attention
+        self.released_cells_linger = self.exact  # _retire: a freed lane's cells stay taken while others live
         if not self.exact:
             extra = bool(repack)  # llama.cpp's CPU weight repacking and, on an AMX build, the AMX layout
         elif self.batch_invariant:
