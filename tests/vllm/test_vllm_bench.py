@@ -18,32 +18,42 @@ from ssr_bench import report, runner  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 PEERS = ["vllm", "vllm-ngram"] + (["vllm-suffix"] if importlib.util.find_spec("arctic_inference") else [])
+METHODS = ["plain", "suffix", "ssr"] + PEERS
 QUESTIONS = ["Write a function that adds two numbers.", "Repeat after me: abc abc abc abc abc abc."]
 
 
-@pytest.fixture
-def two_items(monkeypatch):
+@pytest.fixture(scope="module")
+def records(tmp_path_factory, vllm_engine):
+    """One run of both suites, so that each vLLM peer's worker starts once (its start-up is most of what a peer costs
+    here): two HumanEval-like questions (the tiny model's answers are noise: not scored) and the agent suite's first
+    task."""
     items = [{"id": f"q/{i}", "suite": "humaneval", "messages": [{"role": "user", "content": q}], "tools": None}
              for i, q in enumerate(QUESTIONS)]
-    monkeypatch.setattr(runner, "load_suite", lambda name, n=None, data_dir=None: items[:n])
-    monkeypatch.setattr(runner, "score_item", lambda item, answer, calls=None: {"score": 0.0})  # tiny model: noise
-    return items
-
-
-def test_vllm_peers_side_by_side(tmp_path, vllm_engine, two_items):
-    run = runner.BenchRun(suites=["humaneval"], methods=["plain", "ssr"] + PEERS, out=tmp_path, n=2, backend="vllm",
-                          overrides={"max_think_tokens": 12, "min_think_tokens": 0, "draft_start": 2,
-                                     "max_tokens": 40},
-                          backend_kwargs=dict(ENGINE_ARGS), progress=False, warmup=False, log=lambda s: None)
-    path = runner.run_bench(run, engine=vllm_engine)
+    load_suite, score_item = runner.load_suite, runner.score_item
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "load_suite", lambda name, n=None, data_dir=None:
+                      items if name == "humaneval" else load_suite(name, n=1, data_dir=data_dir))
+        patch.setattr(runner, "score_item", lambda item, answer, calls=None:
+                      {"score": 0.0} if item["suite"] == "humaneval" else score_item(item, answer, calls))
+        run = runner.BenchRun(suites=["humaneval", "agent"], methods=METHODS, out=tmp_path_factory.mktemp("bench"),
+                              backend="vllm", overrides={"max_think_tokens": 12, "min_think_tokens": 0,
+                                                         "draft_start": 2, "max_tokens": 40},
+                              backend_kwargs=dict(ENGINE_ARGS), progress=False, warmup=False, log=lambda s: None)
+        path = runner.run_bench(run, engine=vllm_engine)
     recs = runner.load_records(path)
     assert not [r for r in recs if r.get("error")], [r.get("traceback") or r.get("error") for r in recs]
+    return path, recs
+
+
+def test_vllm_peers_side_by_side(records):
+    path, recs = records
+    recs = [r for r in recs if r["suite"] == "humaneval"]
     assert [(r["item"], r["method"]) for r in recs] == [  # interleaved per item, the order after plain rotating
-        (f"q/{i}", m) for i in range(2) for m in runner.method_order(["plain", "ssr"] + PEERS, i)]
+        (f"q/{i}", m) for i in range(2) for m in runner.method_order(METHODS, i)]
     plain = {r["item"]: r for r in recs if r["method"] == "plain"}
     for r in recs:
-        if r["method"] == "ssr":
-            assert r["identical_to_plain"], (r["item"], r["first_difference"])
+        if r["method"] in ("suffix", "ssr"):
+            assert r["identical_to_plain"], (r["item"], r["method"], r["first_difference"])
         if r["method"] in M.VLLM_PEERS:
             p = plain[r["item"]]
             assert r["n_tokens"] == p["n_tokens"]  # the same amount of work
@@ -58,17 +68,11 @@ def test_vllm_peers_side_by_side(tmp_path, vllm_engine, two_items):
     assert all(f"| {m} |" in md for m in PEERS)
 
 
-
-def test_agent_suite_on_vllm_with_its_peers(tmp_path, vllm_engine):
+def test_agent_suite_on_vllm_with_its_peers(records):
     """The agent suite on the vLLM backend: SSR's loops run the task's tools; vLLM's loops replay plain decoding's
     steps (each step's prompt ids and token count), so each step of every method is one record's step."""
-    run = runner.BenchRun(suites=["agent"], methods=["plain", "suffix", "ssr"] + PEERS, out=tmp_path, n=1,
-                          backend="vllm", overrides={"max_think_tokens": 12, "draft_start": 2, "max_tokens": 32},
-                          backend_kwargs=dict(ENGINE_ARGS), progress=False, warmup=False, log=lambda s: None)
-    recs = runner.load_records(runner.run_bench(run, engine=vllm_engine))
-    assert not [r for r in recs if r.get("error")], [r.get("traceback") or r.get("error") for r in recs]
-    by_method = {r["method"]: r for r in recs}
-    assert set(by_method) == {"plain", "suffix", "ssr", *PEERS}
+    by_method = {r["method"]: r for r in records[1] if r["suite"] == "agent"}
+    assert set(by_method) == set(METHODS)
     plain = by_method["plain"]
     assert plain["steps"] and plain["front"] == "engine"
     for name in ("suffix", "ssr"):
