@@ -52,12 +52,16 @@ def pytest_collection_modifyitems(config, items):
     default model) are set up once per worker; the other tests go to whichever worker is free."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    if getattr(config, "workerinput", {}).get("ssr_loadgroup"):  # a loadgroup run's worker: see pytest_configure_node
+        config.option.loadgroup = True  # read by xdist's own hook, after this one: it tags the grouped tests' ids
     for item in items:
         if item.get_closest_marker("xdist_group"):  # marked in its file, or here already (each conftest calls this)
             continue
         info = getattr(item, "_fixtureinfo", None)
         defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info is not None else []
-        if any(d.scope in ("module", "class", "package") for d in defs):
+        # the suite's own fixtures only: a plugin's (baseid "") is everywhere, e.g. pytest-recording's module-scoped
+        # vcr_cassette_dir, and would put every module's tests on one worker
+        if any(d.scope in ("module", "class", "package") and d.baseid for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
@@ -79,6 +83,15 @@ def pytest_configure(config):
                 models.resolve_model(None)
             except ValueError:  # the default model's wheels are not installed: its tests skip
                 pass
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown where xdist is not installed
+def pytest_configure_node(node):
+    """Tell each worker that the run distributes by group. A worker parses the command line alone, so the
+    ``--dist loadgroup`` that ``pytest_cmdline_main`` sets in the controller never reaches it; without it the worker
+    does not tag grouped tests (xdist adds ``@group`` to their ids) and the controller finds no groups to keep
+    together: a module's fixture was then set up on both workers."""
+    node.workerinput["ssr_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub is reachable; the d
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import shared_fixtures  # noqa: E402, F401  (the suite's backend: SSR_BACKEND defaults to transformers)
+
 # the hooks of parallel runs (pytest-xdist: workers, their torch threads, tests that share a worker)
-from shared_fixtures import pytest_cmdline_main, pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+from shared_fixtures import (  # noqa: E402, F401
+    pytest_cmdline_main,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_configure_node,
+)
 
 pytest.importorskip("ssr_bench", reason="ssr-bench is not installed: pip install -e ./benchmarks")

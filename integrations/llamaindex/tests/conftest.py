@@ -17,6 +17,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 pytest.importorskip("llama_index.llms.ssr",
                     reason="llama-index-llms-ssr is not installed: pip install -e ./integrations/llamaindex")
 
-from shared_fixtures import default_engine, no_network, tokenizer  # noqa: E402, F401  (registered by import)
-# the hooks of parallel runs (pytest-xdist: workers, their torch threads, tests that share a worker)
-from shared_fixtures import pytest_cmdline_main, pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+# the shared fixtures (the default model, its tokenizer, no network), and the hooks of parallel runs (pytest-xdist:
+# workers, their torch threads, tests that share a worker), registered by import
+from shared_fixtures import (  # noqa: E402, F401
+    default_engine,
+    no_network,
+    pytest_cmdline_main,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_configure_node,
+    tokenizer,
+)
