@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from ssr import SSRConfig, SSREngine
 from ssr.agreement import compare
+from ssr.backends.base import common_prefix
 from ssr.costs import CostTable
 from ssr.models import DEFAULT_MODEL
 from ssr_bench import methods as M
@@ -386,7 +387,8 @@ def test_ssr_leaves_plain_only_at_near_ties(engine):
 @pytest.mark.real_model
 def test_concurrent_requests_share_steps_and_stay_exact(exact_rows):
     """Two requests at once (their lanes stepped together by the scheduler) give each the tokens it gets alone
-    (``exact`` mode: rows bitwise whatever else is in the step)."""
+    (``exact`` mode: rows bitwise whatever else is in the step); the second forks the first's cached system prompt
+    instead of prefilling it again."""
     import threading
 
     engine = SSREngine(exact_rows, exact_rows.tokenizer, costs=CostTable.flat())
@@ -399,14 +401,17 @@ def test_concurrent_requests_share_steps_and_stay_exact(exact_rows):
     together = [None, None]
 
     def run(i):
-        together[i] = engine.generate(PROMPTS[1 + i], config=cfg).token_ids
+        together[i] = engine.generate(PROMPTS[1 + i], config=cfg)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert together == alone
+    assert [r.token_ids for r in together] == alone
+    shared = common_prefix(together[0].prompt_token_ids, together[1].prompt_token_ids)
+    assert shared >= engine.backend.min_shared
+    assert sorted(r.stats["reused_prompt_tokens"] for r in together) == [0, shared]  # the later one forked it
     assert engine.backend.live_lanes == 1  # one parked lane; every other lane was released
 
 
