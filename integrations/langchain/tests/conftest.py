@@ -18,12 +18,4 @@ pytest.importorskip("langchain_ssr", reason="langchain-ssr is not installed: pip
 
 # the shared fixtures (the default model, its tokenizer, no network), and the hooks of parallel runs (pytest-xdist:
 # workers, their torch threads, tests that share a worker), registered by import
-from shared_fixtures import (  # noqa: E402, F401
-    default_engine,
-    no_network,
-    pytest_cmdline_main,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_configure_node,
-    tokenizer,
-)
+from shared_fixtures import *  # noqa: E402, F403
