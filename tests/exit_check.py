@@ -8,7 +8,7 @@ streaming in a daemon thread and another one half-read in the main thread, so th
 Each program is a process that ends as a script does: it falls off the end and the interpreter finalizes (atexit
 hooks, then daemon threads, then the modules). With ``fork=True`` the processes are forked from one driver that has
 imported torch, transformers and SSR (only imported: nothing computed, so no thread pool exists yet), which saves the
-seconds of imports per run; ``fork=False`` starts each as a fresh interpreter (vLLM: nothing of it is forked here).
+seconds of imports per run (vLLM's alone: 8-11 s); ``fork=False`` starts each as a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ if child is not None:  # the program, then the end of this script: the interpret
 # what the driver imports before it forks (the seconds of imports every program would otherwise pay)
 _TRANSFORMERS = "import torch, transformers; from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer"
 BACKEND_IMPORTS = {"transformers": f"{_TRANSFORMERS}, Qwen2ForCausalLM; import ssr.backends.transformers",
-                   "llama.cpp": f"{_TRANSFORMERS}; import llama_cpp, ssr.backends.llama_cpp"}
+                   "llama.cpp": f"{_TRANSFORMERS}; import llama_cpp, ssr.backends.llama_cpp",
+                   "vllm": f"{_TRANSFORMERS}; import vllm, ssr.backends.vllm"}  # vllm's import: 8-11 s a program
 
 
 @dataclass

@@ -12,6 +12,20 @@ import os
 
 import pytest
 
+
+def _users_backend() -> str:
+    """The backend ``backend="auto"`` gives a user of the embedded model on this machine (llama.cpp where
+    llama-cpp-python is installed and no CUDA device is; ``$SSR_BACKEND`` when set), read before the default below."""
+    from ssr.backends import choose_backend
+    from ssr.models import DEFAULT_MODEL
+
+    return choose_backend(None, DEFAULT_MODEL)
+
+
+# What the framework suites run on (LangChain's standard integration tests): the backend a user of the adapters gets.
+# Kept in the environment, so that xdist workers, which inherit the SSR_BACKEND set below, read the same choice.
+USERS_BACKEND = os.environ.setdefault("SSR_TESTS_USERS_BACKEND", _users_backend())
+
 # The suite's backend: transformers unless SSR_BACKEND names another, so that the same tests run the same backend
 # whether or not llama-cpp-python is installed ("auto" would pick llama.cpp then; its tests are tests/test_llama_cpp.py)
 os.environ.setdefault("SSR_BACKEND", "transformers")

@@ -1,6 +1,7 @@
 """A program that uses SSR on the in-process vLLM backend and ends without ``close()`` exits with status 0 (issue 32):
-``RUNS`` fresh interpreters (tests/exit_check.py; vLLM's import is not forked from), half ending right after a
-``generate``, half with requests still streaming, on the tiny Qwen2 of this folder."""
+``RUNS`` programs (tests/exit_check.py: forked from a driver that has imported vLLM and SSR, nothing computed, so
+no program pays vLLM's import), half ending right after a ``generate``, half with requests still streaming, on the
+tiny Qwen2 of this folder."""
 
 from __future__ import annotations
 
@@ -20,6 +21,6 @@ RUNS = 20
 
 def test_a_vllm_program_exits_cleanly_without_close(tiny_model_dir, tmp_path):
     runs = run_programs("vllm", tiny_model_dir, "Count from 1 to 300.", RUNS, tmp_path, kwargs=ENGINE_ARGS,
-                        call={"thinking": False}, fork=False, timeout=600,
+                        call={"thinking": False}, timeout=600,
                         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     check(runs, RUNS)  # requests in flight at exit are not asserted: the tiny model may end its answers at once

@@ -1,8 +1,10 @@
-"""LangChain's standard integration tests for ChatSSR, on the REAL embedded default model, in process.
+"""LangChain's standard integration tests for ChatSSR, on the REAL embedded default model, in process, on the backend
+a user of ChatSSR gets (``backend="auto"``: llama.cpp where llama-cpp-python is installed, as the README's install
+does; transformers elsewhere).
 
-The model is Qwen2.5-Coder-0.5B-Instruct on CPU (about 10 tokens/s on 2 cores), so every request runs with a short
-thinking budget and a short answer budget, greedy. Tests that the 0.5B model cannot pass are marked xfail with the
-model's limit as the reason; ChatSSR itself is exercised by every one of them.
+The model is Qwen2.5-Coder-0.5B-Instruct on CPU, so every request runs with a short thinking budget and a short
+answer budget, greedy. Tests that the 0.5B model cannot pass are marked xfail with the model's limit as the reason;
+ChatSSR itself is exercised by every one of them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage
-from langchain_tests.integration_tests import ChatModelIntegrationTests
-
 from langchain_ssr import ChatSSR
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from shared_fixtures import USERS_BACKEND
+
 from ssr import SSRConfig
 
 pytestmark = pytest.mark.real_model
@@ -27,7 +30,7 @@ class TestChatSSRIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict:
-        return {"ssr_config": CONFIG, "temperature": 0}
+        return {"ssr_config": CONFIG, "temperature": 0, "backend": USERS_BACKEND}
 
     @property
     def supports_json_mode(self) -> bool:
