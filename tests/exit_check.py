@@ -6,9 +6,9 @@ leaving its last pass as the interpreter finalizes: the abort issue 32 measured)
 streaming in a daemon thread and another one half-read in the main thread, so the scheduler is mid-pass at exit.
 
 Each program is a process that ends as a script does: it falls off the end and the interpreter finalizes (atexit
-hooks, then daemon threads, then the modules). With ``fork=True`` the processes are forked from one driver that has
-imported torch, transformers and SSR (only imported: nothing computed, so no thread pool exists yet), which saves the
-seconds of imports per run (vLLM's alone: 8-11 s); ``fork=False`` starts each as a fresh interpreter.
+hooks, then daemon threads, then the modules). The processes are forked from one driver that has imported torch,
+transformers, SSR and the backend (only imported: nothing computed, so no thread pool exists yet), which saves the
+seconds of imports per run (vLLM's alone: 8-11 s).
 """
 
 from __future__ import annotations
@@ -107,35 +107,23 @@ class Run:
 
 
 def run_programs(backend: str, model: str | None, prompt: str, runs: int, workdir: str | Path,
-                 kwargs: dict | None = None, call: dict | None = None, fork: bool = True, parallel: int = 2,
+                 kwargs: dict | None = None, call: dict | None = None, parallel: int = 2,
                  timeout: float = 120.0, env: dict[str, str] | None = None) -> list[Run]:
-    """``runs`` programs on ``backend`` (modes alternating), forked ``parallel`` at a time, or (``fork=False``)
-    fresh interpreters one at a time; their output under ``workdir``. ``kwargs``: the backend's options; ``call``:
-    the requests' arguments."""
+    """``runs`` programs on ``backend`` (modes alternating), forked ``parallel`` at a time from a driver that has
+    imported the backend; their output under ``workdir``. ``kwargs``: the backend's options; ``call``: the requests'
+    arguments."""
     # one torch thread each: two programs at a time on two cores
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     args = [backend, model or "", prompt, json.dumps(kwargs or {}), json.dumps(call or {})]
     root = str(Path(__file__).resolve().parents[1])  # the checkout's ssr, as the tests import it
-    if fork:
-        driver = DRIVER.format(imports=BACKEND_IMPORTS.get(backend, ""), program=PROGRAM, modes=MODES)
-        done = subprocess.run([sys.executable, "-c", driver, *args, str(runs), str(parallel), str(workdir),
-                               str(timeout)],
-                              capture_output=True, text=True, timeout=timeout * runs + 120, env=environment, cwd=root)
-        assert done.returncode == 0, f"the driver failed ({done.returncode}):\n{done.stderr[-3000:]}"
-        results = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-                         key=lambda r: r["i"])
-        return [Run(r["mode"], r["exit"], Path(workdir, f"{r['i']}.out").read_text(errors="replace"),
-                    Path(workdir, f"{r['i']}.err").read_text(errors="replace")) for r in results]
-    out = []
-    for i in range(runs):
-        mode = MODES[i % len(MODES)]
-        try:
-            done = subprocess.run([sys.executable, "-c", PROGRAM, args[0], args[1], mode, *args[2:]],
-                                  capture_output=True, text=True, timeout=timeout, env=environment, cwd=root)
-            out.append(Run(mode, done.returncode, done.stdout, done.stderr))
-        except subprocess.TimeoutExpired as exc:
-            out.append(Run(mode, "timeout", str(exc.stdout or ""), str(exc.stderr or "")))
-    return out
+    driver = DRIVER.format(imports=BACKEND_IMPORTS.get(backend, ""), program=PROGRAM, modes=MODES)
+    done = subprocess.run([sys.executable, "-c", driver, *args, str(runs), str(parallel), str(workdir), str(timeout)],
+                          capture_output=True, text=True, timeout=timeout * runs + 120, env=environment, cwd=root)
+    assert done.returncode == 0, f"the driver failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    results = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+                     key=lambda r: r["i"])
+    return [Run(r["mode"], r["exit"], Path(workdir, f"{r['i']}.out").read_text(errors="replace"),
+                Path(workdir, f"{r['i']}.err").read_text(errors="replace")) for r in results]
 
 
 def check(runs: list[Run], expected: int) -> list[int]:
