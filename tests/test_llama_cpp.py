@@ -237,7 +237,7 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()
-    backend.step({lane: ids[:-1]})
+    backend.step({lane: ids[:-1]}, {lane: 1})
     ref: list[int] = []
     ref_rows: list[torch.Tensor] = []
     logits = backend.step({lane: ids[-1:]}, {lane: 1})[lane]
@@ -253,8 +253,8 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     assert torch.equal(out[lane], torch.stack(ref_rows))
     backend.release_all()
     other = backend.new_lane()
-    backend.step({other: ids[:200]})  # the same prompt prefilled in two pieces
-    backend.step({other: ids[200:-1]})
+    backend.step({other: ids[:200]}, {other: 1})  # the same prompt prefilled in two pieces
+    backend.step({other: ids[200:-1]}, {other: 1})
     rows = backend.step({other: ids[-1:] + ref[:7]}, {other: 8})[other]
     assert torch.equal(rows, torch.stack(ref_rows[:8]))
     backend.release_all()
@@ -270,13 +270,13 @@ def test_exact_mode_keeps_bits_after_a_fork_is_released(exact_rows):
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)
     prompt, later = ids[:300], ids[300:330]
     ref = backend.new_lane()
-    backend.step({ref: prompt})
+    backend.step({ref: prompt}, {ref: 1})
     want = torch.stack([backend.step({ref: [t]})[ref][-1] for t in later])
     backend.release_all()
     lane = backend.new_lane()
-    backend.step({lane: prompt})
+    backend.step({lane: prompt}, {lane: 1})
     fork = backend.fork(lane)
-    backend.step({fork: ids[400:460]})  # 60 cells after the lane's
+    backend.step({fork: ids[400:460]}, {fork: 1})  # 60 cells after the lane's
     got = [backend.step({lane: [t]})[lane][-1] for t in later[:5]]  # cells after the fork's
     backend.release(fork)
     got += [backend.step({lane: [t]})[lane][-1] for t in later[5:]]
@@ -294,14 +294,14 @@ def test_exact_mode_frees_kept_cells_when_the_cache_fills(backend):
     try:
         ids = b.tokenizer.encode(open(__file__).read(), add_special_tokens=False)
         lane = b.new_lane()
-        b.step({lane: ids[:100]})
+        b.step({lane: ids[:100]}, {lane: 1})
         for _ in range(4):  # alone, a lane's cut tail is freed (its own next tokens refill it)
-            b.step({lane: ids[100:130]})
+            b.step({lane: ids[100:130]}, {lane: 1})
             b.truncate(lane, 100)
         assert b.kv_order_resets == 0
         fork = b.fork(lane)
         for _ in range(6):  # beside another lane, 30 cells kept after each cut: 280 cells taken, the cache has 256
-            b.step({fork: ids[100:130]})
+            b.step({fork: ids[100:130]}, {fork: 1})
             b.truncate(fork, 100)
         assert b.kv_order_resets == 1 and b.length(fork) == 100
         b.release(fork)
