@@ -28,7 +28,7 @@ WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 NOISY = 0.25  # repetitions that disagree by more (median over points): a busy machine; such a table is not cached
 
 
-def _dummy_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+def dummy_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
     """Deterministic token ids spread over the vocabulary (what the tokens are does not change the cost)."""
     span = max(1, min(vocab, 30000) - 200)
     return [200 + (seed * 7919 + i * 104729) % span if vocab > 400 else (seed + i) % vocab for i in range(n)]
@@ -66,12 +66,12 @@ def measure_costs(backend, rows=ROWS, widths=WIDTHS, context: int = 256, reps: i
         for r, group_widths, rep in groups:
             if context_lane is None:
                 context_lane = backend.new_lane()
-                backend.step({context_lane: _dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
+                backend.step({context_lane: dummy_ids(context, backend.vocab_size)}, {context_lane: 1})
             lanes = [backend.fork(context_lane) for _ in range(r)]
-            _sync(backend.step({lane: _dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
+            _sync(backend.step({lane: dummy_ids(1, backend.vocab_size, k) for k, lane in enumerate(lanes)},
                                {lane: 1 for lane in lanes}))  # after a fork (vLLM: a new session's first step)
             for w in group_widths:
-                feeds = {lane: _dummy_ids(w, backend.vocab_size, k + w) for k, lane in enumerate(lanes)}
+                feeds = {lane: dummy_ids(w, backend.vocab_size, k + w) for k, lane in enumerate(lanes)}
                 t0 = time.perf_counter()
                 _sync(backend.step(feeds, {lane: w for lane in lanes}))
                 if rep is not None:
@@ -111,9 +111,9 @@ def measure_noise(backend, widths=(2, 4, 8, 16, 32), lanes: int = 3, context: in
     backend.release_all()
     try:
         base = backend.new_lane()
-        backend.step({base: _dummy_ids(context, backend.vocab_size)}, {base: 1})
+        backend.step({base: dummy_ids(context, backend.vocab_size)}, {base: 1})
         for w in widths:
-            feed = _dummy_ids(w, backend.vocab_size, seed=w)
+            feed = dummy_ids(w, backend.vocab_size, seed=w)
             one = backend.fork(base)
             single = torch.cat([backend.step({one: [t]})[one] for t in feed])
             backend.release(one)

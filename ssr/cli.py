@@ -49,7 +49,11 @@ def chat(args) -> int:
     config = _config(args)
     for enabled in (True, False):  # untimed: a process's first steps pay one-off set-up that neither method owns
         engine.generate(args.question, config=config.override(enabled=enabled, max_tokens=4, draft_start=0))
-    print(f"{bold}model:{reset} {engine.model_name} ({backend})\n{bold}reasoning:{reset}")
+    weights = getattr(engine.backend, "weights_path", None)
+    rewritten = weights and weights != engine.backend.model_path  # ssr.backends.gguf_weights: measured faster here
+    print(f"{bold}model:{reset} {engine.model_name} ({backend}"
+          + ("; its Q5_0 weights read as Q8_0, the same values, measured faster on this machine" if rewritten else "")
+          + f")\n{bold}reasoning:{reset}")
     start, kind, result = time.perf_counter(), "reasoning", None
     for event in engine.stream(args.question, config=config):
         if event.kind == "done":
@@ -128,6 +132,9 @@ def calibrate(args) -> int:
     kernels = table.meta.get("kernels")
     print(f"model: {name} ({chosen}, {table.meta.get('dtype')}, {table.meta.get('device')}); "
           f"machine: {table.meta.get('machine')}")
+    weights = getattr(backend, "weights_path", None)
+    if weights:
+        print(f"weights: {weights}")
     print(f"linear kernel per input rows: {kernels_text(kernels) if kernels else 'not chosen by this backend'}")
     print(f"step cost relative to one lane decoding one token ({1e3 * table.base_seconds:.1f} ms, "
           f"context {table.meta.get('context')} tokens):\n")

@@ -19,6 +19,7 @@ elsewhere.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -192,6 +193,61 @@ def test_default_mode_is_exact_where_it_costs_no_more(backend):
         assert b.exact == b.row_exact == b.batch_invariant == expected
         if expected:
             assert b.amx  # the AMX layout kept
+    finally:
+        b.close()
+
+
+@pytest.mark.real_model
+def test_q5_0_weights_read_as_q8_0_give_the_same_logits(backend, prompt_ids):
+    """The embedded file's Q5_0 tensors rewritten as Q8_0 (``ssr.backends.gguf_weights``; the multi-row mode's
+    default where it measures faster): every logit the same bits as the file's, in a prefill with every row
+    wanted, in 3 lanes of 2-16 rows side by side and in one-token greedy steps (llama.cpp quantises activations to
+    Q8_0 for both weight types). With the AMX layout (Q8_0 in AMX tiles, Q5_0 not) within the kernel noise."""
+    from ssr.backends import load_backend
+    from ssr.backends.gguf_weights import tensor_types
+    from ssr.calibrate import dummy_ids
+
+    rows, types, amx = {}, {}, False
+    for rewrite in (False, True):
+        b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=4, n_ctx=1024, exact=False,
+                         q5_0_as_q8_0=rewrite)
+        try:
+            types[rewrite], amx = tensor_types(b.weights_path), b.amx
+            lane = b.new_lane()
+            out = [b.step({lane: prompt_ids}, {lane: len(prompt_ids)})[lane]]
+            for w in (2, 16):
+                lanes = [b.fork(lane) for _ in range(3)]
+                step = b.step({x: dummy_ids(w, b.vocab_size, k) for k, x in enumerate(lanes)}, {x: w for x in lanes})
+                out += [step[x] for x in lanes]
+                for x in lanes:
+                    b.release(x)
+            for _ in range(6):
+                out.append(b.step({lane: [int(out[-1][-1].argmax())]})[lane])
+            rows[rewrite] = torch.cat(out)
+        finally:
+            b.close()
+    q5 = types[False]["Q5_0"]
+    assert q5 > 100  # most of the 0.5B's weights (its Q4_K_M file)
+    assert types[True] + Counter({"Q5_0": q5}) == types[False] + Counter({"Q8_0": q5})
+    if amx:  # Q8_0 goes to the AMX layout there, Q5_0 does not: other kernels, bits not measured
+        assert float((rows[False] - rows[True]).abs().max()) < LOGIT_ATOL
+    else:
+        assert torch.equal(rows[False], rows[True])
+
+
+@pytest.mark.real_model
+def test_the_file_as_it_is_loads_where_its_copy_cannot_be_written(backend, tmp_path, monkeypatch, caplog):
+    """The copy cannot be written (``$SSR_CACHE/gguf`` is a file here): the load goes on with the file as it is,
+    and says why."""
+    from ssr.backends import load_backend
+
+    (tmp_path / "gguf").write_text("")
+    monkeypatch.setenv("SSR_CACHE", str(tmp_path))
+    b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=2, n_ctx=256, exact=False,
+                     tokenizer=backend.tokenizer)
+    try:
+        assert b.weights_path == b.model_path and "+" not in b.dtype
+        assert "as it is" in caplog.text
     finally:
         b.close()
 

@@ -1,4 +1,4 @@
-"""llama.cpp backend (``llama-cpp-python``): SSR on the engine local users already run, on a GGUF file as it is.
+"""llama.cpp backend (``llama-cpp-python``): SSR on the engine local users already run, on their GGUF file.
 
 Why: on CPU, llama.cpp decodes the embedded Q4_K_M model about 2x faster than the transformers backend in float32,
 and its batched API fits SSR's lanes one to one:
@@ -29,6 +29,12 @@ and its batched API fits SSR's lanes one to one:
   On other builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows,
   which gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
 
+The weights: the file as it is, or, in the multi-row mode where it measures faster on this machine, a copy whose
+Q5_0 tensors are rewritten as Q8_0 blocks of the same values (``ssr.backends.gguf_weights``): llama.cpp repacks
+Q8_0 for its multi-row kernels and computes the same bits from both (measured: prefills, 3 lanes of 2-16 rows,
+one-token steps), so only the time changes (on an AVX2 Zen 2, 6% off a one-token step, 12% off 4 rows, 20% off a
+prefill). ``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
+
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
 thread count and the mode (``dtype``, ``device``). Measurements: docs/backends/llama-cpp.md.
@@ -46,6 +52,7 @@ import hashlib
 import logging
 import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +61,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from ..calibrate import dummy_ids, machine
 from ..models import EMBEDDED_MODELS, canonical_name, embedded_files, embedded_tokenizer, gguf_file, read_config
 from .base import Backend, Lane, rows_wanted, stop_token_ids
 from .errors import LlamaCppError
+from .gguf_weights import REWRITE, rewritten, weights_for
 
 DEFAULT_N_SEQ_MAX = 32  # lanes live at once (every request's thinking lane and drafts)
 DEFAULT_N_CTX = 16384  # KV cells shared by every lane (forked lanes share their prefix's cells)
@@ -100,7 +109,10 @@ class LlamaCppBackend(Backend[_Lane]):
     multi-row mode costs; else False, one multi-row decode a step with near-ties; see the module docstring);
     ``repack``: llama.cpp's CPU weight repacking and, on a build with AMX, the AMX weight layout (in exact mode: the
     AMX layout on an AMX build with the attention patch, the repacking where exact mode splits rows); ``tokenizer``:
-    a Hugging Face tokenizer or the directory of one (default: see the module docstring).
+    a Hugging Face tokenizer or the directory of one (default: see the module docstring); ``q5_0_as_q8_0``: load
+    the file's Q5_0 tensors rewritten as Q8_0 (the same values: ``ssr.backends.gguf_weights``; default None: where
+    that measures faster on this machine, in the multi-row mode; exact mode loads the file as it is, its bitwise
+    promise measured on those kernels).
     """
 
     # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
@@ -114,7 +126,7 @@ class LlamaCppBackend(Backend[_Lane]):
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
                  n_ubatch: int | None = None, exact: bool | None = None, repack: bool = True, tokenizer=None,
-                 verbose: bool = False) -> None:
+                 q5_0_as_q8_0: bool | None = None, verbose: bool = False) -> None:
         try:
             import llama_cpp
         except ImportError as exc:
@@ -158,12 +170,17 @@ class LlamaCppBackend(Backend[_Lane]):
                              + (";amx" if self.amx else "") + (";reference-attention" if self.batch_invariant else "")
                              + (f";amx-vnni-rows={os.environ['SSR_AMX_VNNI_ROWS']}"  # the rows kernels' limit, moved
                                 if self.amx and "SSR_AMX_VNNI_ROWS" in os.environ else ""))
+        self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
+        weights = gguf
+        if q5_0_as_q8_0 or (q5_0_as_q8_0 is None and not self.exact):
+            weights = self._weights(gguf, measured=q5_0_as_q8_0 is None, build=self.cost_version)
+        self.weights_path = str(weights)  # the file llama.cpp runs (model_path: the one named, which peers load)
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
         mparams.use_extra_bufts = extra
-        self._model = ll.llama_model_load_from_file(str(gguf).encode(), mparams)
+        self._model = ll.llama_model_load_from_file(str(weights).encode(), mparams)
         if not self._model:
-            raise LlamaCppError(f"llama.cpp could not load {gguf}")
+            raise LlamaCppError(f"llama.cpp could not load {weights}")
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = int(n_ctx)
         cparams.n_batch = self.n_batch
@@ -184,11 +201,8 @@ class LlamaCppBackend(Backend[_Lane]):
         self.file_type = self._meta("general.file_type")
         arch = self._meta("general.architecture") or "llama"
         self.dtype = f"gguf:{_FILE_TYPES.get(self.file_type or '', self.file_type)}"  # calibration cache keys
-        try:
-            self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
-        except BaseException:
-            self.close()
-            raise
+        if weights != gguf:
+            self.dtype += f"+{REWRITE}"  # part of the cost table's key; the reports say which weights ran
         self.config = _config(config_dir, arch)
         eos = int(ll.llama_vocab_eos(self._vocab))
         self.eos_token_ids = stop_token_ids(self.tokenizer, eos if eos >= 0 else None,
@@ -220,6 +234,20 @@ class LlamaCppBackend(Backend[_Lane]):
     @classmethod
     def load(cls, model_path: str, model_name: str | None = None, **kwargs) -> "LlamaCppBackend":
         return cls(model_path, model_name, **kwargs)
+
+    def _weights(self, gguf: Path, measured: bool, build: str) -> Path:
+        """The file to load for ``gguf``: its Q5_0-as-Q8_0 rewrite (where it has Q5_0 tensors) if not ``measured``,
+        else whichever of the two runs a round of typical steps faster here (``gguf_weights.weights_for``)."""
+        timer = _StepTimer(self.model_name, self.tokenizer, self.n_threads)
+        try:
+            if not measured:
+                return rewritten(gguf) or gguf
+            return weights_for(gguf, timer, {"machine": machine(), "threads": self.n_threads, "build": build})
+        except OSError as exc:  # no room or no write access for the copy: a speed choice must not stop the load
+            logging.getLogger(__name__).warning("loading %s as it is: its Q8_0 copy failed (%s)", gguf, exc)
+            return gguf
+        finally:
+            timer.close()
 
     # -- model facts -----------------------------------------------------------------------------------------------
     def _meta(self, key: str) -> str | None:
@@ -389,6 +417,41 @@ class LlamaCppBackend(Backend[_Lane]):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+class _StepTimer:
+    """``timer(path)``: seconds of one round of the steps SSR runs most on a small context over the GGUF file
+    ``path`` (a 32-token prefill, 8 one-token steps, 2 four-token verifications), multi-row mode; each file's
+    backend is loaded once and kept for the next rounds, ``close()`` frees them."""
+
+    def __init__(self, model_name: str, tokenizer, n_threads: int) -> None:
+        self.model_name, self.tokenizer, self.n_threads = model_name, tokenizer, n_threads
+        self.backends: dict[Path, LlamaCppBackend] = {}
+
+    def __call__(self, path: Path) -> float:
+        backend = self.backends.get(path)
+        if backend is None:
+            backend = self.backends[path] = LlamaCppBackend(
+                str(path), self.model_name, n_seq_max=2, n_ctx=512, n_threads=self.n_threads, exact=False,
+                q5_0_as_q8_0=False, tokenizer=self.tokenizer)
+            warm = backend.new_lane()
+            backend.step({warm: dummy_ids(4, backend.vocab_size)}, {warm: 4})  # allocations, first touch
+            backend.release_all()
+        lane = backend.new_lane()
+        started = time.perf_counter()
+        backend.step({lane: dummy_ids(32, backend.vocab_size)}, {lane: 1})
+        for k in range(8):
+            backend.step({lane: dummy_ids(1, backend.vocab_size, k)})
+        for k in range(2):
+            backend.step({lane: dummy_ids(4, backend.vocab_size, k)}, {lane: 4})
+        seconds = time.perf_counter() - started
+        backend.release_all()
+        return seconds
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+        self.backends.clear()
 
 
 def _config(config_dir: str | None, arch: str):
