@@ -32,8 +32,8 @@ and its batched API fits SSR's lanes one to one:
 The weights: the file as it is, or, in the multi-row mode where it measures faster on this machine, a copy whose
 Q5_0 tensors are rewritten as Q8_0 blocks of the same values (``ssr.backends.gguf_weights``): llama.cpp repacks
 Q8_0 for its multi-row kernels and computes the same bits from both (measured: prefills, 3 lanes of 2-16 rows,
-one-token steps), so only the time changes (on an AVX2 Zen 2, 6% off a one-token step, 12% off 4 rows, 20% off a
-prefill). ``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
+one-token steps), so only the time changes (on an AVX2 Zen 2, 6-12% off a one-token step, 12-15% off 4 rows, 20%
+off a prefill). ``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
