@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .costs import CostTable
-from .models import cache_dir
+from .models import cache_dir, write_cached
 from .threads import on_own_thread
 
 ROWS = (1, 2, 3)
@@ -218,10 +218,7 @@ def calibrated(backend, refresh: bool = False, rows=ROWS, widths=WIDTHS, context
     table = on_own_thread(_measure, backend, rows, widths, context, reps, progress, name="ssr-calibrate")
     if table.meta.get("spread", 0) > NOISY:  # measured while other processes shared the CPUs: not kept
         return table
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table.to_dict(), indent=1))
-    os.replace(tmp, path)
+    write_cached(path, json.dumps(table.to_dict(), indent=1))
     return table
 
 

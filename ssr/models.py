@@ -35,6 +35,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SSR_CACHE", Path.home() / ".cache" / "ssr"))
 
 
+def write_cached(path: Path, text: str) -> None:
+    """Write a cache record whole or not at all: processes sharing ``$SSR_CACHE`` may write the same one at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def canonical_name(model: str | None) -> str:
     if model is None:
         return DEFAULT_MODEL

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..models import cache_dir
+from ..models import cache_dir, write_cached
 
 Q5_0_BLOCK = 22  # bytes: float16 d, 32 high bits, 16 bytes of low nibbles (values 0-15 | 16-31)
 Q8_0_BLOCK = 34  # bytes: float16 d, 32 int8 values
@@ -61,7 +61,8 @@ def rewrite_q5_0(source: Path, target: Path) -> int:
     data = np.memmap(source, dtype=np.uint8, mode="r")
     layout = _layout(data)
     q5, q8 = GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0
-    if not any(kind == q5 for _, _, kind, _ in layout.tensors):
+    rewrites = sum(kind == q5 for _, _, kind, _ in layout.tensors)
+    if not rewrites:
         return 0
     infos, sizes, offset = bytearray(), [], 0
     for name, dims, kind, _ in layout.tensors:
@@ -82,7 +83,7 @@ def rewrite_q5_0(source: Path, target: Path) -> int:
             else:
                 blob = data[begin:begin + size].tobytes()
             out.write(blob + bytes(_aligned(size, layout.alignment) - size))
-    return sum(kind == q5 for _, _, kind, _ in layout.tensors)
+    return rewrites
 
 
 def tensor_types(path: Path) -> Counter[str]:
@@ -216,8 +217,5 @@ def weights_for(source: Path, seconds: Callable[[Path], float], key: dict) -> Pa
             candidate.unlink(missing_ok=True)
         fields["round_seconds"] = {name: [round(t, 4) for t in ts] for name, ts in times.items()}  # to look at
         fields["measured_seconds"] = round(time.perf_counter() - started, 1)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    partial = record.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text(json.dumps({**fields, "weights": "as-is" if chosen_path == source else str(chosen_path)}))
-    os.replace(partial, record)
+    write_cached(record, json.dumps({**fields, "weights": "as-is" if chosen_path == source else str(chosen_path)}))
     return chosen_path
