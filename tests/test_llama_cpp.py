@@ -18,6 +18,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 
@@ -25,12 +26,13 @@ import pytest
 import torch
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 from ssr import SSRConfig, SSREngine
 from ssr.agreement import compare
 from ssr.backends.base import common_prefix
 from ssr.costs import CostTable
-from ssr.models import DEFAULT_MODEL
+from ssr.models import DEFAULT_MODEL, cache_dir
 from ssr_bench import methods as M
 
 LOGIT_ATOL = 1.0  # multi-row vs one-row logits (measured up to ~0.4 on these prompts)
@@ -259,7 +261,35 @@ def test_exact_mode_rows_are_bitwise_one_sequence_rows(exact_rows, prompt_ids):
     computed as one batch, so their cache depends on where the prefill started: a prompt's cache is bitwise the same
     for plain decoding and SSR when both prefill it alike, as the engine does, or when one reuses the other's parked
     lane.)"""
-    backend = exact_rows
+    assert_rows_are_one_sequence_rows(exact_rows, prompt_ids)
+
+
+@pytest.mark.real_model
+def test_exact_mode_on_the_amx_layout_keeps_bits_with_either_weights_file(exact_rows, prompt_ids):
+    """On the AMX layout exact mode loads the Q5_0-as-Q8_0 rewrite where it measures faster (Q8_0 through SSR's VNNI
+    kernels instead of ggml's Q5_0 kernels): rows bitwise one-sequence rows with either file, the choice measured in
+    exact mode."""
+    from ssr.backends import load_backend
+    from ssr.backends.gguf_weights import tensor_types
+
+    if not exact_rows.amx:
+        pytest.skip("exact mode loads the file as it is without the AMX layout (the rewrite is not measured there)")
+    choices = [json.loads(p.read_text()) for p in (cache_dir() / "gguf").glob(f"{DEFAULT_MODEL}-*.choice.json")]
+    assert any("reference-attention" in c["build"] for c in choices)  # the default's choice, timed in exact mode
+    for rewrite in (False, True):
+        b = load_backend("llama.cpp", exact_rows.model_path, DEFAULT_MODEL, n_seq_max=4, n_ctx=1024, exact=True,
+                         q5_0_as_q8_0=rewrite, tokenizer=exact_rows.tokenizer)
+        try:
+            assert b.exact and b.batch_invariant and b.amx
+            assert ("Q5_0" in tensor_types(b.weights_path)) != rewrite
+            assert_rows_are_one_sequence_rows(b, prompt_ids)
+        finally:
+            b.close()
+
+
+def assert_rows_are_one_sequence_rows(backend, prompt_ids) -> None:
+    """24 greedy one-row steps after a prefill; the same positions in one verification step, and stepped beside two
+    lanes fed other tokens (1 + 2 + 3 rows a step): bitwise the same logits."""
     backend.release_all()
     ref, ref_rows = greedy(backend, prompt_ids, 24)
     lane = backend.new_lane()
@@ -499,13 +529,15 @@ def test_calibration_notes_the_kernel_noise(backend, tmp_path, monkeypatch):
 def test_llama_server_peers_start_answer_and_stop(backend, prompt_ids):
     """Each llama-server peer is a real server process on 127.0.0.1: it answers plain's number of greedy tokens and
     stops when closed (skipped where no llama-server build exists)."""
-    from ssr_bench.llama_server import LlamaServerPeer, find_server
+    from ssr_bench.llama_server import LlamaServerPeer, find_server, peer_for
 
     if find_server() is None:
         pytest.skip("no llama-server build (bash scripts/install_llama_cpp.sh --tools builds one)")
     ref, _ = greedy(backend, prompt_ids, 8)
-    for name in M.LLAMA_SERVER_PEERS:
-        peer = LlamaServerPeer(name, backend.model_path, n_threads=backend.n_threads, n_ctx=2048)
+    twin = M.LLAMA_SERVER_PEERS[0] + M.ON_ENGINE_WEIGHTS  # llama-server on the file the engine loaded
+    for name in [n for n in M.LLAMA_SERVER_PEERS if not n.endswith(M.ON_ENGINE_WEIGHTS)] + [twin]:
+        peer = peer_for(name, SimpleNamespace(backend=backend), {}) if name == twin else LlamaServerPeer(
+            name, backend.model_path, n_threads=backend.n_threads, n_ctx=2048)
         try:
             out = peer.generate(prompt_ids, 8)
             assert len(out["token_ids"]) == 8 and out["seconds"] > 0, name
@@ -513,6 +545,8 @@ def test_llama_server_peers_start_answer_and_stop(backend, prompt_ids):
         finally:
             peer.close()
         assert peer.proc.poll() is not None, name
+        path = backend.weights_path if name == twin else backend.model_path
+        assert path in peer.proc.args, name
 
 
 @pytest.mark.real_model

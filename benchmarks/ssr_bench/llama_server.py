@@ -1,10 +1,13 @@
 """llama.cpp's own ``llama-server`` as a benchmark peer: what Ollama and llama-server users run on a CPU.
 
-Three methods, each a real server process on 127.0.0.1 over the run's GGUF file, threads and context:
+Three methods (and their ``-q8`` twins), each a real server process on 127.0.0.1 over the run's GGUF file, threads
+and context:
 
 * ``llama-server``: plain decoding;
 * ``llama-server-ngram-mod`` / ``llama-server-ngram-map-k``: its draft-free speculation (``--spec-type``), whose
-  n-gram pool is shared across the requests one server answers.
+  n-gram pool is shared across the requests one server answers;
+* each also as ``NAME-q8``: on the file the engine loaded (its Q5_0-as-Q8_0 copy where the engine chose it) instead
+  of the GGUF as shipped, which tells the weights' gain from speculation's.
 
 Like the other replay peers, a request asks for exactly plain's number of tokens from plain's prompt ids
 (``ignore_eos``), greedy, with ``cache_prompt`` off (every method prefills its prompt, as the engine's methods do
@@ -33,8 +36,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .methods import ON_ENGINE_WEIGHTS
+
 SPECS = {"llama-server": (), "llama-server-ngram-mod": ("--spec-type", "ngram-mod"),
          "llama-server-ngram-map-k": ("--spec-type", "ngram-map-k")}
+SPECS |= {name + ON_ENGINE_WEIGHTS: spec for name, spec in SPECS.items()}
 
 
 def _wheelhouses() -> list[Path]:
@@ -150,7 +156,9 @@ class LlamaServerPeer:
 
 
 def peer_for(method: str, engine, backend_kwargs: dict[str, Any], parallel: int = 1) -> LlamaServerPeer:
-    """The peer for a run on the ``llama.cpp`` backend: same GGUF file and threads."""
+    """The peer for a run on the ``llama.cpp`` backend: same GGUF file (``NAME-q8``: the file the engine loaded)
+    and threads."""
     backend = engine.backend
-    return LlamaServerPeer(method, backend.model_path, n_threads=getattr(backend, "n_threads", 1),
+    path = backend.weights_path if method.endswith(ON_ENGINE_WEIGHTS) else backend.model_path
+    return LlamaServerPeer(method, path, n_threads=getattr(backend, "n_threads", 1),
                            n_ctx=min(backend.context_window, 32768) * parallel, parallel=parallel)

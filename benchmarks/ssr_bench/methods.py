@@ -21,7 +21,11 @@ PROMPT_LOOKUP = "prompt-lookup"
 VLLM_PEERS = ("vllm", "vllm-ngram", "vllm-suffix")
 LLAMA_CPP = "llama.cpp"  # plain llama.cpp: Llama.generate (llama_cpp_peer), on the llama.cpp backend
 # llama.cpp's own server, plain and with its draft-free speculation (llama_server), on the llama.cpp backend
-LLAMA_SERVER_PEERS = ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-map-k")
+# (each also as NAME-q8: the server on the file the engine loaded, its Q5_0-as-Q8_0 copy where the engine chose it, so
+# the weights' gain and speculation's can be told apart; the plain names run the file as users have it)
+ON_ENGINE_WEIGHTS = "-q8"
+LLAMA_SERVER_PEERS = tuple(name + weights for weights in ("", ON_ENGINE_WEIGHTS)
+                           for name in ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-map-k"))
 LLAMA_CPP_PEERS = (LLAMA_CPP,) + LLAMA_SERVER_PEERS
 METHODS = ("plain", "suffix", "ssr-prefix", "ssr", "ssr-iterative", "prompt-lookup", BARE) + VLLM_PEERS + LLAMA_CPP_PEERS
 # peers with their own decoding loop: they generate plain's number of tokens from the same prompt ids
@@ -54,6 +58,9 @@ DESCRIPTIONS = {
     "llama-server-ngram-map-k": "llama-server with --spec-type ngram-map-k, greedy, plain's prompt ids and output "
                                 "length",
 }
+DESCRIPTIONS |= {name + ON_ENGINE_WEIGHTS: DESCRIPTIONS[name] + "; on the file the engine loaded (its Q5_0-as-Q8_0 "
+                 "copy where chosen) instead of the GGUF as shipped"
+                 for name in LLAMA_SERVER_PEERS if name in DESCRIPTIONS}
 
 
 def iterative_interval(base: SSRConfig) -> int:

@@ -29,11 +29,14 @@ and its batched API fits SSR's lanes one to one:
   On other builds, every wanted row (and each lane's last fed token) goes in decodes of at most ``EXACT_ROWS`` rows,
   which gives the one-row kernels' bits but costs about a step per verified token, so SSR rarely speculates there.
 
-The weights: the file as it is, or, in the multi-row mode where it measures faster on this machine, a copy whose
-Q5_0 tensors are rewritten as Q8_0 blocks of the same values (``ssr.backends.gguf_weights``): llama.cpp repacks
-Q8_0 for its multi-row kernels and computes the same bits from both (measured: prefills, 3 lanes of 2-16 rows,
+The weights: the file as it is, or, where it measures faster on this machine, a copy whose Q5_0 tensors are
+rewritten as Q8_0 blocks of the same values (``ssr.backends.gguf_weights``). In the multi-row mode llama.cpp repacks
+Q8_0 for its multi-row kernels and computes the same bits from both files (measured: prefills, 3 lanes of 2-16 rows,
 one-token steps), so only the time changes (on an AVX2 Zen 2, 6-12% off a one-token step, 12-15% off 4 rows, 20%
-off a prefill). ``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
+off a prefill). In exact mode on the AMX layout the Q8_0 tensors go through SSR's VNNI kernels, which keep every row
+bitwise in any batch, where ggml's Q5_0 kernels ran before (on the AMX Xeon: 30% off a one-token step, 34-36% off
+4-16 rows, 52% off a prefill); exact mode elsewhere (the plain layout) keeps the file, not measured there.
+``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
 step), which is why ``ssr.calibrate`` measures it like any backend; the cache key carries the GGUF file type, the
@@ -111,8 +114,8 @@ class LlamaCppBackend(Backend[_Lane]):
     AMX layout on an AMX build with the attention patch, the repacking where exact mode splits rows); ``tokenizer``:
     a Hugging Face tokenizer or the directory of one (default: see the module docstring); ``q5_0_as_q8_0``: load
     the file's Q5_0 tensors rewritten as Q8_0 (the same values: ``ssr.backends.gguf_weights``; default None: where
-    that measures faster on this machine, in the multi-row mode; exact mode loads the file as it is, its bitwise
-    promise measured on those kernels).
+    that measures faster on this machine, in the multi-row mode and in exact mode on the AMX layout; exact mode on
+    the plain layout loads the file as it is, its bitwise promise measured on those kernels only).
     """
 
     # part of the cost table's cache key: tables measured while a second OpenMP team slowed every step (before
@@ -172,7 +175,9 @@ class LlamaCppBackend(Backend[_Lane]):
                                 if self.amx and "SSR_AMX_VNNI_ROWS" in os.environ else ""))
         self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
         weights = gguf
-        if q5_0_as_q8_0 or (q5_0_as_q8_0 is None and not self.exact):
+        # the rewrite keeps exact mode's bits on the AMX layout (Q8_0 through SSR's VNNI kernels: measured, and
+        # tests/test_llama_cpp.py checks it); on the plain layout exact mode's Q8_0 kernels are not measured
+        if q5_0_as_q8_0 or (q5_0_as_q8_0 is None and (not self.exact or self.amx)):
             weights = self._weights(gguf, measured=q5_0_as_q8_0 is None, build=self.cost_version)
         self.weights_path = str(weights)  # the file llama.cpp runs (model_path: the one named, which peers load)
         mparams = ll.llama_model_default_params()
@@ -238,7 +243,7 @@ class LlamaCppBackend(Backend[_Lane]):
     def _weights(self, gguf: Path, measured: bool, build: str) -> Path:
         """The file to load for ``gguf``: its Q5_0-as-Q8_0 rewrite (where it has Q5_0 tensors) if not ``measured``,
         else whichever of the two runs a round of typical steps faster here (``gguf_weights.weights_for``)."""
-        timer = _StepTimer(self.model_name, self.tokenizer, self.n_threads)
+        timer = _StepTimer(self.model_name, self.tokenizer, self.n_threads, self.exact)
         try:
             if not measured:
                 return rewritten(gguf) or gguf
@@ -421,18 +426,19 @@ class LlamaCppBackend(Backend[_Lane]):
 
 class _StepTimer:
     """``timer(path)``: seconds of one round of the steps SSR runs most on a small context over the GGUF file
-    ``path`` (a 32-token prefill, 8 one-token steps, 2 four-token verifications), multi-row mode; each file's
-    backend is loaded once and kept for the next rounds, ``close()`` frees them."""
+    ``path`` (a 32-token prefill, 8 one-token steps, 2 four-token verifications) in the mode that will run (``exact``:
+    other kernels, other costs); each file's backend is loaded once and kept for the next rounds, ``close()`` frees
+    them."""
 
-    def __init__(self, model_name: str, tokenizer, n_threads: int) -> None:
-        self.model_name, self.tokenizer, self.n_threads = model_name, tokenizer, n_threads
+    def __init__(self, model_name: str, tokenizer, n_threads: int, exact: bool) -> None:
+        self.model_name, self.tokenizer, self.n_threads, self.exact = model_name, tokenizer, n_threads, exact
         self.backends: dict[Path, LlamaCppBackend] = {}
 
     def __call__(self, path: Path) -> float:
         backend = self.backends.get(path)
         if backend is None:
             backend = self.backends[path] = LlamaCppBackend(
-                str(path), self.model_name, n_seq_max=2, n_ctx=512, n_threads=self.n_threads, exact=False,
+                str(path), self.model_name, n_seq_max=2, n_ctx=512, n_threads=self.n_threads, exact=self.exact,
                 q5_0_as_q8_0=False, tokenizer=self.tokenizer)
             warm = backend.new_lane()
             backend.step({warm: dummy_ids(4, backend.vocab_size)}, {warm: 4})  # allocations, first touch
