@@ -28,7 +28,7 @@ for arg in "$@"; do
   esac
 done
 VERSION=0.3.36
-PATCHES=ssr2  # names what patch_source changes: a new set of patches gets a new wheel
+PATCHES=ssr3  # names what patch_source changes: a new set of patches gets a new wheel
 COMMON="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON
   -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 NO_AMX="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
@@ -57,7 +57,7 @@ cpu_flags() {  # the ggml options this CPU supports beyond AVX2 (x86-64 Linux; e
   echo "$out"
 }
 
-patch_source() {  # patch_source SOURCE_DIR: SSR's three changes to the vendored llama.cpp (each checked to apply)
+patch_source() {  # patch_source SOURCE_DIR: SSR's four changes to the vendored llama.cpp (each checked to apply)
   # 1. AMX: GCC's _tile_loadconfig (amxtileintrin.h, up to GCC 12) declares an 8-byte memory read, so the compiler
   #    drops the stores of the tile config's rows and column widths as dead: `ldtilecfg` loads a config without rows
   #    and the first `tilezero` raises #UD (SIGILL; found on an AMX Xeon with gdb and objdump). The fix names the
@@ -69,18 +69,27 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's three changes to the vendored
   #    instead of ggml's one-row kernel and AMX tiles: the same bits a row, and on the Xeon VM of docs/backends/
   #    llama-cpp.md a one-row decode of the 1.5B in 67 ms against 90, four rows in 86 against 123, a prefill 6.0 ms
   #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all).
+  # 4. Exact mode's attention (use_ref): SSR's kernel (scripts/llama_cpp/ssr_attention.h), every row's bits
+  #    independent of the batch and of where its keys lie in the cache, as the reference path's are, at about the
+  #    tiled kernel's speed (docs/backends/llama-cpp.md); models it does not cover keep the reference path.
   cp "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/amx/"
+  cp "$ROOT/scripts/llama_cpp/ssr_attention.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/"
   "$VENV/bin/python" - "$1/vendor/llama.cpp/ggml/src/ggml-cpu" <<'PY'
 import sys
 root = sys.argv[1]
 mul_mat = "void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_tensor * dst) {\n"
 one_row = "    if (M == 1) {\n        // MB = 1 and handle 8 tiles in each block\n"
+attention = ("static void ggml_compute_forward_flash_attn_ext_f16(\n        const ggml_compute_params * params,\n"
+             "        ggml_tensor * dst) {\n")
 changes = [
     ("amx/mmq.cpp", mul_mat, '#include "ssr_amx_rows.h"  // SSR: install_llama_cpp.sh\n\n' + mul_mat),
     ("amx/mmq.cpp", one_row, "    if (ssr_rows_mul_mat(params, src0, dst, wdata, M, N, K, ldc, n_batch, ne2)) {  // SSR\n"
                              "        return;\n    }\n" + one_row),
     ("amx/mmq.cpp", "    _tile_loadconfig(&tc);\n",
      '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config read (SSR: install_llama_cpp.sh)\n'),
+    ("ops.cpp", attention, '#include "ssr_attention.h"  // SSR: install_llama_cpp.sh\n\n' + attention
+                            + "    if (ssr_flash_attn_ext(params, dst)) {  // SSR: exact mode's attention\n"
+                              "        return;\n    }\n"),
     ("ggml-cpu.cpp", "    ctx->use_ref             = false;\n",
      '    ctx->use_ref             = getenv("GGML_CPU_USE_REF") != NULL;  // SSR: install_llama_cpp.sh\n'),
 ]
@@ -95,7 +104,7 @@ PY
 
 wheelhouse() {  # the folder for the wheel built with flags "$1" (from the source as patch_source leaves it)
   local key
-  key=$(printf '%s' "$VERSION+$PATCHES+$(sha256sum < "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" | cut -c1-12) $1" \
+  key=$(printf '%s' "$VERSION+$PATCHES+$(cat "$ROOT"/scripts/llama_cpp/ssr_*.h | sha256sum | cut -c1-12) $1" \
     | sha256sum | cut -c1-12)
   echo "${SSR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/ssr/wheels}/llama-cpp-python-$VERSION-$key"
 }

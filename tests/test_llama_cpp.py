@@ -347,6 +347,32 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
 
 
 @pytest.mark.real_model
+def test_exact_mode_attention_is_the_models(exact_rows):
+    """Exact mode's attention (SSR's kernel on the build install_llama_cpp.sh makes, ggml's reference path elsewhere)
+    computes what ggml's own kernels compute, within the kernel noise: the same file in the multi-row mode (ggml's
+    tiled and split-key attention) gives logits within LOGIT_ATOL over a 600-token prompt and 8 greedy steps."""
+    from ssr.backends import load_backend
+
+    ids = exact_rows.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
+    rewrite = exact_rows.weights_path != exact_rows.model_path
+    multi = load_backend("llama.cpp", exact_rows.model_path, DEFAULT_MODEL, n_seq_max=2, n_ctx=1024, exact=False,
+                         q5_0_as_q8_0=rewrite, tokenizer=exact_rows.tokenizer)
+    try:
+        assert multi.weights_path == exact_rows.weights_path
+        exact_rows.release_all()
+        tokens, rows = greedy(exact_rows, ids, 8)
+        lane = multi.new_lane()
+        got = [multi.step({lane: ids}, {lane: 1})[lane][-1]]
+        got += [multi.step({lane: [t]})[lane][-1] for t in tokens[:-1]]  # plain's tokens fed: rows compare
+        diff = float((torch.stack(got) - rows).abs().max())
+        assert 0 <= diff < LOGIT_ATOL, diff
+        assert int(got[0].argmax()) == tokens[0]
+    finally:
+        multi.close()
+        exact_rows.release_all()
+
+
+@pytest.mark.real_model
 def test_exact_mode_keeps_bits_after_a_fork_is_released(exact_rows):
     """llama.cpp's cache puts new tokens into the first free cells and its attention sums a row's keys in cell order,
     so a lane whose later tokens filled the cells of a fork released before them summed in another order (measured

@@ -19,8 +19,10 @@ and its batched API fits SSR's lanes one to one:
   where SSR's token lies within twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``)
   of plain's, where either token is the model's (``ssr.agreement``). ``exact=True`` keeps bitwise identity
   instead, and is the default (``exact=None``) where it costs no more: an AMX build with the script's patches.
-  On the build scripts/install_llama_cpp.sh makes, flash attention is switched to its reference path (each query
-  row over all its keys in order, whatever the batch) and the weights stay in the AMX layout on an AMX build (SSR's
+  On the build scripts/install_llama_cpp.sh makes, flash attention is switched to SSR's kernel for exact mode (each
+  query row over its own keys in cache order, whatever the batch and wherever those keys lie: the script's
+  ``ssr_attention.h``; ggml's reference path for models it does not cover) and the weights stay in the AMX layout
+  on an AMX build (SSR's
   VNNI kernels, which the script adds, run every batch, and give each row the bits ggml's one-row kernel gives it;
   ggml's AMX tiles, with ``SSR_AMX_VNNI_ROWS``, do too) or in the plain layout elsewhere (no repacking): then
   every row's logits are the same bits in any decode (measured: 2-32 rows, lanes side by side, prompts prefilled
@@ -151,8 +153,9 @@ class LlamaCppBackend(Backend[_Lane]):
         amx_build = "AMX_INT8" in built_with
         # exact=None: bitwise where that costs what the multi-row mode costs, an AMX build with the attention patch
         # (measured 2026-12-05: the same seconds a token on HumanEval, plain 2-5% slower on BFCL and the agent
-        # suite, from the reference attention's prefill); elsewhere exact mode gives up CPU repacking (or splits
-        # rows), so the multi-row mode with its near-tie promise is the default there
+        # suite, from the reference attention's prefill, which SSR's attention kernel replaced 2026-12-06);
+        # elsewhere exact mode gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie
+        # promise is the default there
         self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
         # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (SSR's rows kernels,
