@@ -66,8 +66,10 @@ class Decoding:
     def __init__(self, backend: Backend, tokenizer, family: ChatFamily, config: SSRConfig, prompt_ids: list[int],
                  policy: SpeculationPolicy, thinking: bool = True, cancel: threading.Event | None = None,
                  tools: list[dict] | None = None, answer_opening: str = "",
-                 grammar: Grammar | None = None, history: OutputHistory | None = None) -> None:
+                 grammar: Grammar | None = None, history: OutputHistory | None = None,
+                 cache_salt: str | None = None) -> None:
         self.backend, self.tokenizer, self.config, self.policy = backend, tokenizer, config, policy
+        self.cache_salt = cache_salt  # its lane reuses and is parked among the cached prompts of this salt only
         self.prompt_ids = list(prompt_ids)
         self.cancel = cancel or threading.Event()
         self.sampler = Sampler(config)
@@ -84,7 +86,7 @@ class Decoding:
         self.thinking_lane: int | None = None  # the thinking lane, which goes on as the answer (while running)
         self.lane_tokens: list[int] = []  # transcript tokens the lane's cache holds after the prompt (some stale)
         self.synced = 0  # lane_tokens[:synced] == transcript.tokens[:synced]
-        self.reused = 0  # prompt tokens whose cache came from the previous request
+        self.reused = 0  # prompt tokens whose cache came from an earlier request (a parked or running lane)
         self._streamed = ["", ""]
         self.window_cap: int | None = None  # max_tokens the context window allows (set by the engine)
         self.shared: Shared = ALONE  # what other requests put in the last pass (set by the scheduler)
@@ -120,7 +122,7 @@ class Decoding:
         text becomes final; frees the request's lanes on exit (a finished request parks its thinking lane)."""
         self.counts.start = time.perf_counter()
         try:
-            self.thinking_lane = self.backend.new_lane(self.prompt_ids)
+            self.thinking_lane = self.backend.new_lane(self.prompt_ids, self.cache_salt)
             self.reused = min(self.backend.length(self.thinking_lane), len(self.prompt_ids) - 1)  # re-feed >= 1 token
             self.backend.truncate(self.thinking_lane, self.reused)
             status = yield from self._prefill()
@@ -140,7 +142,7 @@ class Decoding:
             self.drafts.retire_all()
             if self.thinking_lane is not None:
                 if self.transcript.finish is not None:
-                    self.backend.park(self.thinking_lane)  # an agent's next step may extend this conversation
+                    self.backend.park(self.thinking_lane, self.cache_salt)  # an agent's next step may extend it
                     if self.history is not None and self.config.enabled:  # plain decoding leaves no trace
                         self.history.add(self.transcript.tokens)
                 else:  # cancelled or failed: nothing worth keeping

@@ -67,6 +67,9 @@ class SSREngine:
             costs = calibrated(backend)
         self.policy = SpeculationPolicy(costs)  # this machine's step costs and the acceptance rates seen so far
         self.history = OutputHistory(history_tokens)  # earlier outputs, a suffix source of later requests
+        # the cache salt of requests that name none: a request reuses only the parked prompts of its own salt (a
+        # harness comparing methods on one engine gives each its own, so that none is timed on another's prefill)
+        self.cache_salt: str | None = None
         self._closed = False
         self._live_key = _track(self)  # closed at interpreter exit unless closed before
 
@@ -146,7 +149,8 @@ class SSREngine:
         return encode_prompt(self.tokenizer, self.family, prompt, tools, tool_choice, self.context_window, thinking)
 
     def _request(self, prompt: Prompt, tools, tool_choice, config: SSRConfig | None, cancel=None,
-                 thinking: bool | None = None, response_format: dict | None = None, **overrides) -> Decoding:
+                 thinking: bool | None = None, response_format: dict | None = None, cache_salt: str | None = None,
+                 **overrides) -> Decoding:
         unknown = set(overrides) - set(_SAMPLING)
         if unknown:
             raise TypeError(f"unknown generation argument(s) {sorted(unknown)}")
@@ -162,7 +166,8 @@ class SSREngine:
                                min_think_tokens=min(cfg.min_think_tokens, window_cap))
         request = Decoding(self.backend, self.tokenizer, self.family, cfg, ids, self.policy, thinking=thinking,
                            cancel=cancel, tools=tools if tool_choice != "none" else None, answer_opening=opening,
-                           grammar=grammar, history=self.history)
+                           grammar=grammar, history=self.history,
+                           cache_salt=self.cache_salt if cache_salt is None else cache_salt)
         request.window_cap = window_cap
         request.tie_window = self.tie_window
         return request
@@ -209,7 +214,7 @@ class SSREngine:
     # -- running -------------------------------------------------------------------------------------------------------
     def stream(self, prompt: Prompt, *, tools: list[dict] | None = None, tool_choice: str | None = None,
                config: SSRConfig | None = None, thinking: bool | None = None, response_format: dict | None = None,
-               timeout: float | None = None, _cancel: threading.Event | None = None,
+               timeout: float | None = None, cache_salt: str | None = None, _cancel: threading.Event | None = None,
                **overrides) -> Iterator[StreamEvent]:
         """Yield reasoning and answer deltas as they become final, then a "done" event with the result.
 
@@ -223,11 +228,14 @@ class SSREngine:
 
         ``timeout`` (seconds from now, queue time included) ends the request with ``ssr.errors.RequestTimeout``;
         a full queue raises ``ssr.errors.QueueFull`` at once. Closing the iterator early cancels the request, which
-        frees its lanes before the next pass."""
+        frees its lanes before the next pass.
+
+        ``cache_salt`` (vLLM's): the request's prompt reuses only the cached prompts (parked lanes) of requests with
+        the same salt, and its own is kept under it; None: the engine's ``cache_salt``."""
         _check_arguments(prompt, tools, tool_choice, config, thinking, response_format, timeout,
-                         self.backend.vocab_size)
+                         self.backend.vocab_size, cache_salt)
         request = self._request(prompt, tools, tool_choice, config, cancel=_cancel, thinking=thinking,
-                                response_format=response_format, **overrides)
+                                response_format=response_format, cache_salt=cache_salt, **overrides)
         id_seed = prompt_seed(request.prompt_ids) if tools else None  # the same request gets the same call ids
         calls = (ToolCallStream(tools, self.family.tool_call_open, self.family.tool_call_close, id_seed)
                  if tools else None)
@@ -311,7 +319,7 @@ class SSREngine:
 
 
 def _check_arguments(prompt, tools, tool_choice, config, thinking, response_format, timeout,
-                     vocab_size: int) -> None:
+                     vocab_size: int, cache_salt=None) -> None:
     """The shapes of one request's arguments, checked before anything is built from them, so that a wrong one is a
     ``TypeError`` (wrong type) or ``ValueError`` (wrong value) that names it, not an error from deep inside the
     template, the grammar or the model. Values are checked where they are used (``SSRConfig`` the sampling settings,
@@ -331,7 +339,8 @@ def _check_arguments(prompt, tools, tool_choice, config, thinking, response_form
     for name, value, kind, want in (("tool_choice", tool_choice, str, "a string"),
                                     ("config", config, SSRConfig, "an SSRConfig"),
                                     ("thinking", thinking, bool, "a bool"),
-                                    ("response_format", response_format, dict, "a dict")):
+                                    ("response_format", response_format, dict, "a dict"),
+                                    ("cache_salt", cache_salt, str, "a string")):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{name} must be None or {want}, got {value!r} ({type(value).__name__})")
     if timeout is not None and not (isinstance(timeout, Real) and not isinstance(timeout, bool)):

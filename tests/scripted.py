@@ -79,7 +79,7 @@ class ScriptedBackend(Backend):
         return self.tokenizer.encode(rest, add_special_tokens=False)[0]
 
     # -- the lane protocol (the bookkeeping is ``Backend``'s) --------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
+    def new_lane(self, prefix: list[int] | None = None, salt: str | None = None) -> int:
         """A new request's lane: empty, or (``reuse_prefix``) the parked lane of the last request cut to the
         longest prefix it shares with ``prefix``, the new prompt."""
         prompt_len = None
@@ -87,7 +87,7 @@ class ScriptedBackend(Backend):
             prompt_len = len(prefix)
             self.prompts.append(list(prefix))
             self._take_turn(prefix)
-        lane = super().new_lane(prefix)
+        lane = super().new_lane(prefix, salt)
         self.lanes[lane].prompt_len = prompt_len
         return lane
 

@@ -58,12 +58,12 @@ def test_lane_table_parks_reuses_and_forks_shared_prefixes():
     b.step({first: [1, 2, 3, 4]})
     b.park(first)
     again = b.new_lane([1, 2, 9])  # the parked lane, cut to the shared part
-    assert again == first and b.length(again) == 2 and b.lanes.parked is None
+    assert again == first and b.length(again) == 2 and b.lanes.parked == {}
     other = b.new_lane([7])
     b.step({other: [7, 7]})
     b.park(again)  # kept while another request is live (the default) ...
-    b.park(other)  # ... until the next lane is parked
-    assert b.live_lanes == 1 and b.lanes.parked == other
+    b.park(other)  # ... until the next lane is parked (max_parked 1)
+    assert b.live_lanes == 1 and b.lanes.parked == {other: None}
     assert b.length(b.new_lane([5])) == 0 and b.live_lanes == 1  # nothing shared: the parked lane is released
     b.min_shared = 2
     live = b.new_lane()
@@ -72,6 +72,42 @@ def test_lane_table_parks_reuses_and_forks_shared_prefixes():
     assert fork != live and b.length(fork) == 2 and b.length(live) == 3
     b.park(fork)
     b.release_all()
-    assert b.live_lanes == 0 and b.lanes.parked is None
+    assert b.live_lanes == 0 and b.lanes.parked == {}
     with pytest.raises(KeyError, match="no live lane"):
         b.step({fork: [1]})
+
+
+class _SharingBackend(_ListBackend):
+    """Lanes whose forks share the parent's cache (llama.cpp's sequences), several parked at once."""
+
+    max_parked, fork_shares_cache = 3, True
+
+
+def test_parked_lanes_are_a_prefix_cache_per_salt():
+    """A backend keeping several parked lanes serves each new prompt from the one of its salt sharing the most: a
+    prompt that extends a parked lane takes it, one that leaves it part way forks it (the parked lane stays for
+    later prompts), and a prompt of another salt never sees them; beyond ``max_parked`` the oldest goes."""
+    b = _SharingBackend()
+    system = [1, 2, 3]
+    task1 = b.new_lane(system + [10], salt="a")
+    b.step({task1: system + [10, 11]})
+    b.park(task1, "a")
+    step2 = b.new_lane(system + [50, 10, 11], salt="a")  # leaves the parked lane after the system prompt: a fork
+    assert step2 != task1 and b.length(step2) == 3 and b.length(task1) == 5 and task1 in b.lanes.parked
+    b.step({step2: [50, 10, 11, 12]})
+    b.park(step2, "a")
+    step3 = b.new_lane(system + [50, 10, 11, 12, 13], salt="a")  # extends the newest whole: taken
+    assert step3 == step2 and b.length(step3) == 7 and list(b.lanes.parked) == [task1]
+    b.step({step3: [13]})
+    b.park(step3, "a")
+    task2 = b.new_lane(system + [20], salt="a")  # the system prompt from either parked lane: both stay parked
+    assert b.length(task2) == 3 and set(b.lanes.parked) == {task1, step3}
+    b.release(task2)
+    other = b.new_lane(system + [10, 11], salt="b")  # another salt: nothing reused, nothing of "a" dropped
+    assert b.length(other) == 0 and set(b.lanes.parked) == {task1, step3}
+    b.step({other: system})
+    b.park(other, "b")
+    extra = b.new_lane([9], salt="c")
+    b.step({extra: [9]})
+    b.park(extra, "c")  # a fourth parked lane: the least recently used (task1; task2 forked step3) goes
+    assert list(b.lanes.parked) == [step3, other, extra] and b.live_lanes == 3

@@ -83,6 +83,7 @@ ARGUMENTS = {
     "response_format": RESPONSE_FORMATS,
     "config": CONFIGS | OTHER,
     "timeout": st.sampled_from([None, 60, 60.5, math.inf, 0, -1, math.nan, "10", True, [1]]),
+    "cache_salt": st.sampled_from(["a", "b"]) | OTHER,
     "max_new_tokens": st.just(4),  # not an argument of generate (a common slip for max_tokens)
 }
 # the words an error about each argument may name it by

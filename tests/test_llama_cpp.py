@@ -137,7 +137,9 @@ def test_lane_protocol_counts(backend, prompt_ids):
     backend.release(b)
     assert backend.live_lanes == 2
     backend.release(a)
-    # park keeps the lane; a request whose prompt extends it starts from the shared part
+    # park keeps the lane (the multi-row mode keeps one: its attention reads every cell of the cache); a request
+    # whose prompt extends it starts from the shared part
+    assert backend.max_parked == 1
     backend.park(lane)
     other = backend.new_lane([1, 2, 3])  # shares nothing: the parked lane goes, the new one is empty
     assert backend.length(other) == 0 and backend.live_lanes == 1
@@ -167,6 +169,11 @@ def test_more_lanes_than_n_seq_max_is_a_clear_error(backend):
         backend.fork(lane)
     backend.release(forks[0])
     backend.fork(lane)  # a released seq id is reused
+    backend.release(forks[1])
+    backend.park(forks[2])  # a parked lane gives its seq id up to a running request's new lane
+    backend.fork(lane)  # the free seq id
+    backend.fork(lane)  # none free: the parked lane's
+    assert forks[2] not in backend.lanes.parked and backend.live_lanes == backend.n_seq_max
     backend.release_all()
 
 
@@ -471,7 +478,7 @@ def test_ssr_equals_plain_greedy_in_exact_mode(exact_rows):
         assert ssr.token_ids == plain.token_ids, prompt
         assert plain.answer and ssr.answer == plain.answer
         assert ssr.stats["forward_passes"] < plain.stats["forward_passes"], prompt
-    assert engine.backend.live_lanes <= 1  # the finished request parked its lane, nothing else is live
+    assert engine.backend.live_lanes == len(engine.backend.lanes.parked)  # finished requests' lanes, parked only
 
 
 @pytest.mark.real_model
@@ -527,7 +534,36 @@ def test_concurrent_requests_share_steps_and_stay_exact(exact_rows):
     shared = common_prefix(together[0].prompt_token_ids, together[1].prompt_token_ids)
     assert shared >= engine.backend.min_shared
     assert sorted(r.stats["reused_prompt_tokens"] for r in together) == [0, shared]  # the later one forked it
-    assert engine.backend.live_lanes == 1  # one parked lane; every other lane was released
+    assert engine.backend.live_lanes == len(engine.backend.lanes.parked) == 2  # each parked its lane, nothing else
+
+
+@pytest.mark.real_model
+def test_parked_prompts_serve_later_requests_of_their_salt_and_keep_exact_bits(exact_rows):
+    """Finished requests' lanes stay parked (a prefix cache): a later request of the same cache salt starts from the
+    parked lane sharing the most of its prompt (another conversation: the system prompt; the next turn of one: all
+    of it), one of another salt from nothing; in exact mode every output is the one a cold cache gives."""
+    engine = SSREngine(exact_rows, exact_rows.tokenizer, costs=CostTable.flat())
+    cfg = SSRConfig(max_think_tokens=24, min_think_tokens=8, draft_start=6, max_tokens=48)
+    first = [{"role": "user", "content": PROMPTS[1]}]
+    cold = engine.generate(first, config=cfg)
+    turn = first + [{"role": "assistant", "content": cold.answer}, {"role": "user", "content": "Shorter, please."}]
+    conversations = [first, [{"role": "user", "content": PROMPTS[2]}], turn]
+    expected = []
+    for messages in conversations:
+        engine.backend.release_all()
+        expected.append(engine.generate(messages, config=cfg))
+    engine.backend.release_all()
+    for salt in ("a", "b"):
+        warm = [engine.generate(messages, config=cfg, cache_salt=salt) for messages in conversations]
+        assert [r.token_ids for r in warm] == [r.token_ids for r in expected], salt
+        reused = [r.stats["reused_prompt_tokens"] for r in warm]
+        system = common_prefix(warm[0].prompt_token_ids, warm[1].prompt_token_ids)
+        assert reused[0] == 0  # salt "b" never reads what "a" cached for the same prompt
+        assert reused[1] == system > 16  # the other conversation: its system prompt
+        # the next turn: the first turn's prompt up to its thinking, which the template drops from history
+        assert reused[2] == common_prefix(warm[2].prompt_token_ids, warm[0].prompt_token_ids) > system
+    assert {engine.backend.lanes.parked[lane] for lane in engine.backend.lanes.parked} == {"a", "b"}
+    engine.backend.release_all()
 
 
 @pytest.mark.real_model

@@ -30,9 +30,9 @@ class HookedBackend(TransformersBackend):
     hook = None
     new_lanes = 0  # requests that got a lane
 
-    def new_lane(self, prefix=None):
+    def new_lane(self, prefix=None, salt=None):
         self.new_lanes += 1
-        return super().new_lane(prefix)
+        return super().new_lane(prefix, salt)
 
     def step(self, feeds, want=None):
         if self.hook is not None:

@@ -67,6 +67,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="the agent suite's loop: SSREngine.generate per step, ChatSSR in LangChain's "
                              "create_agent, or the SSR LLM in a LlamaIndex FunctionAgent")
     parser.add_argument("--agent-steps", type=int, default=None, help="the agent suite's step limit (default 8)")
+    parser.add_argument("--prompt-cache", choices=["cold", "warm"], default="cold",
+                        help="cold: every item from an empty prompt cache; warm: each method keeps the prompts its "
+                             "own earlier items cached (the engine's cache salt per method), as one session running "
+                             "conversation after conversation (an agent's system prompt and tools) does")
     parser.add_argument("--costs", default=None, metavar="FILE#TABLE",
                         help="price speculation with another machine's cost table (benchmarks/gpu's gpu_costs.json "
                              "and a table name) and report each method's passes priced with it: a projection")
@@ -131,7 +135,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                        model=args.model, backend=args.backend, preset=args.preset, overrides=overrides,
                        data_dir=args.data_dir, progress=not args.no_progress,
                        backend_kwargs=backend_kwargs(args.backend_arg), agent_front=args.agent_front,
-                       agent_steps=args.agent_steps, costs=args.costs)
+                       agent_steps=args.agent_steps, costs=args.costs, prompt_cache=args.prompt_cache)
         run_bench(run)
     results = out / "results.jsonl"
     report = write_report(results)

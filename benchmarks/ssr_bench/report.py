@@ -216,6 +216,8 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
             keys = ("max_think_tokens", "min_think_tokens", "draft_start", "draft_interval", "max_drafts",
                     "max_draft_tokens", "max_suffix_tokens", "max_tokens")
             lines.append(f"- {suite} budgets: " + ", ".join(f"{k}={cfg.get(k)}" for k in keys))
+        if meta.get("prompt_cache") == "warm":
+            lines.append("- prompt cache: warm (each method's items reuse the prompts its own earlier items cached)")
         lines.append("")
     lines += ["Methods: " + "; ".join(f"`{m}`: {M.DESCRIPTIONS[m]}" for m in _methods_in(summary)
                                        if m in M.DESCRIPTIONS), ""]

@@ -195,6 +195,9 @@ class BenchRun:
     agent_front: str = "engine"  # the agent suite's loop: engine, langchain or llamaindex (agent.FRONTS)
     agent_steps: int | None = None  # the agent suite's step limit (default agent.MAX_STEPS)
     costs: str | None = None  # FILE#TABLE: the policy prices with another machine's table (``projection``)
+    # "cold": every item of every method from an empty prompt cache; "warm": each method's items keep the prompts
+    # its own earlier items cached (its own cache salt), as a session running one conversation after another does
+    prompt_cache: str = "cold"
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
     # each method's earlier outputs (the engine's suffix source "history"): a method copies only from its own runs
     histories: dict[str, OutputHistory] = field(default_factory=dict, repr=False)
@@ -236,6 +239,7 @@ def run_bench(run: BenchRun, engine=None) -> Path:
 
     def key_of(suite: str, method: str, base: SSRConfig) -> str:
         measured = f"agent:{run.agent_front}:{run.agent_steps}" if suite == "agent" else suite  # the loop counts
+        measured += ":warm" if run.prompt_cache == "warm" else ""
         priced = f"{run.backend}@{run.costs}" if run.costs else run.backend  # another table: other choices
         return config_key(model_name, priced, measured, method, M.method_config(method, base), base)
 
@@ -352,7 +356,11 @@ def _run_one(engine, run: BenchRun, suite: str, item: dict[str, Any], method: st
         record["category"] = item["category"]
     cfg = M.method_config(method, base)
     record["config"] = (cfg or base).to_dict()
-    engine.backend.release_all()  # a cold prompt cache for every method: none is timed on another's prefill
+    if run.prompt_cache == "warm" and method not in M.REPLAY:
+        engine.cache_salt = method  # its own earlier items' prompts only: none is timed on another's prefill
+    else:
+        engine.backend.release_all()  # a cold prompt cache for every method
+        engine.cache_salt = None
     if hasattr(engine, "history"):  # each method copies only from its own earlier outputs
         engine.history = run.histories.setdefault(method, OutputHistory(engine.history.max_tokens))
     try:
@@ -465,6 +473,7 @@ def _write_meta(run: BenchRun, engine, methods: list[str], projection: CostTable
         "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "base_configs": {s: base_config(s, run.preset, **run.overrides).to_dict() for s in run.suites},
+        "prompt_cache": run.prompt_cache,
     }
     if projection is not None:  # the table the policy priced with (its name and device in its meta)
         meta["projection"] = {"spec": run.costs, **projection.to_dict()}

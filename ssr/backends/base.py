@@ -31,13 +31,14 @@ LaneT = TypeVar("LaneT", bound=Lane)  # a backend's lane state: ``Lane`` or its 
 
 
 class LaneTable(Generic[LaneT]):
-    """A backend's live lanes by id, and the one parked lane (kept from a finished request for the next one's
-    prefix). It holds no cache: the backend frees a lane's cache when the lane leaves the table."""
+    """A backend's live lanes by id, and the parked ones: lanes kept from finished requests for later prompts that
+    start with their tokens (a prefix cache), each under its request's cache salt, least recently used first. It
+    holds no cache: the backend frees a lane's cache when the lane leaves the table."""
 
     def __init__(self) -> None:
         self._lanes: dict[int, LaneT] = {}
         self._ids = itertools.count()  # never reused: a stale id fails loudly
-        self.parked: int | None = None
+        self.parked: dict[int, str | None] = {}  # lane -> its salt, least recently parked or forked first
 
     def add(self, state: LaneT) -> int:
         lane = next(self._ids)
@@ -46,12 +47,11 @@ class LaneTable(Generic[LaneT]):
 
     def pop(self, lane: int) -> LaneT:
         state = self._lanes.pop(lane)
-        if lane == self.parked:
-            self.parked = None
+        self.parked.pop(lane, None)
         return state
 
     def clear(self) -> list[LaneT]:
-        states, self._lanes, self.parked = list(self._lanes.values()), {}, None
+        states, self._lanes, self.parked = list(self._lanes.values()), {}, {}
         return states
 
     def __getitem__(self, lane: int) -> LaneT:
@@ -72,15 +72,18 @@ class LaneTable(Generic[LaneT]):
         if unknown:
             raise KeyError(f"step(): no live lane {sorted(unknown)}")
 
-    def take_parked(self, prefix: list[int]) -> tuple[int | None, int]:
-        """Unpark the parked lane: it and how many leading tokens it shares with ``prefix`` ((None, 0): none)."""
-        parked, self.parked = self.parked, None
-        return (None, 0) if parked is None else (parked, common_prefix(self._lanes[parked].tokens, prefix))
+    def best_parked(self, prefix: list[int], salt: str | None) -> tuple[int | None, int]:
+        """The parked lane of ``salt`` sharing the most leading tokens with ``prefix`` (the newest among equals) and
+        how many ((None, 0): none shares any)."""
+        common, lane = max(((common_prefix(self._lanes[lane].tokens, prefix), lane)
+                            for lane, s in self.parked.items() if s == salt), default=(0, None))
+        return (lane, common) if common else (None, 0)
 
     def longest_shared(self, prefix: list[int]) -> tuple[int | None, int]:
-        """The live lane sharing the most leading tokens with ``prefix`` (the newest among equals), and how many."""
-        common, lane = max(((common_prefix(s.tokens, prefix), lane) for lane, s in self._lanes.items()),
-                           default=(0, None))
+        """The running lane (not parked) sharing the most leading tokens with ``prefix`` (the newest among equals),
+        and how many."""
+        common, lane = max(((common_prefix(s.tokens, prefix), lane) for lane, s in self._lanes.items()
+                            if lane not in self.parked), default=(0, None))
         return lane, common
 
 
@@ -102,6 +105,8 @@ class Backend(ABC, Generic[LaneT]):
     device: Any = None
     cost_version: str | None = None  # a backend whose step code changed costs gets a new key (re-measured)
     min_shared: int | None = None
+    max_parked = 1  # lanes kept from finished requests (a prefix cache; see ``park``)
+    fork_shares_cache = False  # whether a fork shares its parent's cache (llama.cpp's sequences) or copies it
     # whether a row's logits are the same bits whatever else is in the step (llama.cpp's ``exact`` mode; not the
     # transformers backend, whose kernels differ by row count). Where not, SSR's greedy tokens may leave plain
     # decoding's only at near-ties, and calibration measures how far a logit moves with the step's shape
@@ -126,35 +131,53 @@ class Backend(ABC, Generic[LaneT]):
         """
 
     # -- lanes ---------------------------------------------------------------------------------------------------
-    def new_lane(self, prefix: list[int] | None = None) -> int:
+    def new_lane(self, prefix: list[int] | None = None, salt: str | None = None) -> int:
         """A lane for a new request (other requests' lanes may be live). It already holds the longest cached
-        prefix of ``prefix`` it can (``length`` says how many tokens): the parked lane cut to the part it shares
-        with ``prefix``, or a fork of the live lane sharing at least ``min_shared`` tokens; else it is empty."""
+        prefix of ``prefix`` it can (``length`` says how many tokens): the parked lane of the same ``salt`` sharing
+        the most (forked where the prompt leaves it part way, forks share the cache and more than one lane may stay
+        parked, so that it stays parked; else taken and cut), or a fork of a running lane sharing at least
+        ``min_shared`` tokens; else it is empty. Requests with other salts never share parked lanes (vLLM's
+        ``cache_salt``)."""
         prefix = prefix or []
-        parked, common = self.lanes.take_parked(prefix)
+        lane: int | None = None
+        parked, common = self.lanes.best_parked(prefix, salt)
         if parked is not None:
-            if common:
+            if common == self.length(parked) or not self.fork_shares_cache or self.max_parked == 1:
+                del self.lanes.parked[parked]
                 self.truncate(parked, common)
-                return parked
-            self.release(parked)
-        if self.min_shared is not None:
+                lane = parked
+            else:
+                lane = self.fork(parked)
+                self.truncate(lane, common)
+                self.lanes.parked[parked] = self.lanes.parked.pop(parked)  # used now: the last to go
+        elif self.max_parked == 1:  # one parked lane (the default): a request that shares none of it drops it
+            self._release_parked()
+        if parked is None and self.min_shared is not None:
             source, common = self.lanes.longest_shared(prefix)
             if source is not None and common >= self.min_shared:
                 lane = self.fork(source)
                 self.truncate(lane, common)
-                return lane
-        return self.lanes.add(self._open(None))
+        if lane is None:
+            lane = self.lanes.add(self._open(None))
+        if not self._keep_parked():
+            self._release_parked()
+        return lane
 
-    def park(self, lane: int) -> None:
-        """End of a request whose other lanes are already released: ``lane`` replaces the lane parked before (for
-        a later request's prefix) where ``_keep_parked`` says so, else it is released; no other live lane is
-        touched."""
-        if self.lanes.parked not in (None, lane):
-            self.release(self.lanes.parked)
+    def park(self, lane: int, salt: str | None = None) -> None:
+        """End of a request whose other lanes are already released: ``lane`` joins the parked lanes under ``salt``
+        (for a later request's prefix), the least recently used leaving beyond ``max_parked``, where ``_keep_parked``
+        says so; else it and every parked lane are released. No running lane is touched."""
+        for old in list(self.lanes.parked)[: max(len(self.lanes.parked) - self.max_parked + 1, 0)]:
+            self.release(old)
         if self._keep_parked():
-            self.lanes.parked = lane
+            self.lanes.parked[lane] = salt
         else:
+            self._release_parked()
             self.release(lane)
+
+    def _release_parked(self) -> None:
+        for old in list(self.lanes.parked):
+            self.release(old)
 
     def fork(self, parent: int) -> int:
         """A new lane holding a copy of ``parent``'s tokens (its cache, up to the fork point)."""
@@ -179,7 +202,7 @@ class Backend(ABC, Generic[LaneT]):
         self._free(self.lanes.pop(lane))
 
     def release_all(self) -> None:
-        """Free every lane of every request, the parked one too (calibration, shutdown)."""
+        """Free every lane of every request, the parked ones too (calibration, shutdown)."""
         self._free_all(self.lanes.clear())
 
     @property
@@ -189,7 +212,7 @@ class Backend(ABC, Generic[LaneT]):
 
     @property
     def live_lanes(self) -> int:
-        """Lanes live now, the parked one included."""
+        """Lanes live now, the parked ones included."""
         return len(self.lanes)
 
     def close(self) -> None:
@@ -214,7 +237,8 @@ class Backend(ABC, Generic[LaneT]):
             self._free(state)
 
     def _keep_parked(self) -> bool:
-        """Whether ``park`` keeps the lane (the previous parked lane is already released)."""
+        """Whether parked lanes may stay (asked by ``park`` once older lanes beyond ``max_parked`` are released, and
+        by ``new_lane`` once the new lane is live)."""
         return True
 
 

@@ -81,8 +81,9 @@ def _max_tokens(req: ChatCompletionRequest | CompletionRequest) -> int | None:
 
 
 def sampling(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The engine's keyword arguments both endpoints share: sampling, limits and the cache salt."""
     call = {"max_tokens": _max_tokens(req), "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-            "seed": req.seed, "stop": req.stop}
+            "seed": req.seed, "stop": req.stop, "cache_salt": req.cache_salt}
     return {k: v for k, v in call.items() if v is not None}
 
 

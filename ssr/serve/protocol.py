@@ -231,6 +231,7 @@ class _Sampling(_Strict):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool | None = None  # an extension (vLLM's name): the generated token ids under "ssr"
+    cache_salt: str | None = Field(default=None, min_length=1)  # vLLM's: cached prompts shared only within a salt
 
     @field_validator("stop")
     @classmethod

@@ -158,6 +158,23 @@ def test_chat_is_token_identical_to_the_engine(client, engine, i):
     assert response.model == NAME and response.id.startswith("chatcmpl-")
 
 
+def test_cache_salt_scopes_the_reused_prompt(client):
+    """vLLM's ``cache_salt``: a request reuses the cached prompt of an earlier one with its salt only (counted in
+    ``cached_tokens``); an empty salt is a 400."""
+    conversation = CONVERSATIONS[0]
+
+    def cached(salt: str) -> int:
+        response = client.chat.completions.create(model=NAME, messages=conversation, max_tokens=4, temperature=0,
+                                                  extra_body={"cache_salt": salt})
+        return response.usage.prompt_tokens_details.cached_tokens
+
+    cached("alpha")
+    assert cached("alpha") > 0
+    assert cached("beta") == 0
+    with pytest.raises(openai.BadRequestError):
+        cached("")
+
+
 def test_streamed_chat_is_token_identical_to_the_engine(client, engine):
     conversation = CONVERSATIONS[0]
     reference = engine.generate(engine_messages(conversation), max_tokens=MAX)
