@@ -78,9 +78,9 @@ def test_lane_table_parks_reuses_and_forks_shared_prefixes():
 
 
 class _SharingBackend(_ListBackend):
-    """Lanes whose forks share the parent's cache (llama.cpp's sequences), several parked at once."""
+    """Several lanes parked at once (as llama.cpp's sequences, whose forks share the parent's cache)."""
 
-    max_parked, fork_shares_cache = 3, True
+    max_parked = 3
 
 
 def test_parked_lanes_are_a_prefix_cache_per_salt():

@@ -562,7 +562,7 @@ def test_parked_prompts_serve_later_requests_of_their_salt_and_keep_exact_bits(e
         assert reused[1] == system > 16  # the other conversation: its system prompt
         # the next turn: the first turn's prompt up to its thinking, which the template drops from history
         assert reused[2] == common_prefix(warm[2].prompt_token_ids, warm[0].prompt_token_ids) > system
-    assert {engine.backend.lanes.parked[lane] for lane in engine.backend.lanes.parked} == {"a", "b"}
+    assert set(engine.backend.lanes.parked.values()) == {"a", "b"}
     engine.backend.release_all()
 
 

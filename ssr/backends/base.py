@@ -105,8 +105,9 @@ class Backend(ABC, Generic[LaneT]):
     device: Any = None
     cost_version: str | None = None  # a backend whose step code changed costs gets a new key (re-measured)
     min_shared: int | None = None
-    max_parked = 1  # lanes kept from finished requests (a prefix cache; see ``park``)
-    fork_shares_cache = False  # whether a fork shares its parent's cache (llama.cpp's sequences) or copies it
+    # lanes kept from finished requests (a prefix cache; see ``park``). Above 1 only where a fork shares its parent's
+    # cache (llama.cpp's sequences): ``new_lane`` then forks a parked lane instead of taking it
+    max_parked = 1
     # whether a row's logits are the same bits whatever else is in the step (llama.cpp's ``exact`` mode; not the
     # transformers backend, whose kernels differ by row count). Where not, SSR's greedy tokens may leave plain
     # decoding's only at near-ties, and calibration measures how far a logit moves with the step's shape
@@ -134,15 +135,15 @@ class Backend(ABC, Generic[LaneT]):
     def new_lane(self, prefix: list[int] | None = None, salt: str | None = None) -> int:
         """A lane for a new request (other requests' lanes may be live). It already holds the longest cached
         prefix of ``prefix`` it can (``length`` says how many tokens): the parked lane of the same ``salt`` sharing
-        the most (forked where the prompt leaves it part way, forks share the cache and more than one lane may stay
-        parked, so that it stays parked; else taken and cut), or a fork of a running lane sharing at least
+        the most (forked where the prompt leaves it part way and more than one lane may stay parked, so that it
+        stays parked; else taken and cut), or a fork of a running lane sharing at least
         ``min_shared`` tokens; else it is empty. Requests with other salts never share parked lanes (vLLM's
         ``cache_salt``)."""
         prefix = prefix or []
         lane: int | None = None
         parked, common = self.lanes.best_parked(prefix, salt)
         if parked is not None:
-            if common == self.length(parked) or not self.fork_shares_cache or self.max_parked == 1:
+            if common == self.length(parked) or self.max_parked == 1:
                 del self.lanes.parked[parked]
                 self.truncate(parked, common)
                 lane = parked

@@ -130,14 +130,6 @@ class LlamaCppBackend(Backend[_Lane]):
     # fork shares the parent's cells. Without it, requests arriving together each prefilled the shared prompt again
     # (HumanEval's 177 shared tokens, 4 s a request on an AVX2 EPYC; 8 at once ran 1.4x slower than one by one)
     min_shared = 16
-    # finished requests' lanes kept for later prompts that start with their tokens (an agent's next step extends its
-    # last one; its conversations share the system prompt and tools): a fork shares the parked lane's cells. Exact
-    # mode keeps 16 (half the default n_seq_max; a running request's new lane takes a parked lane's id if needed):
-    # its attention skips the cells a row does not attend at a few instructions per 32 rows. The multi-row mode's
-    # (ggml's) reads every cell of the cache for every row and head, so there parked lanes slow every step (12 of
-    # 800 tokens: a one-token step of the 0.5B 24.5 -> 28.5 ms, a 400-token prefill 839 -> 1359 ms): it keeps one
-    max_parked = 1
-    fork_shares_cache = True
 
     def __init__(self, model_path: str, model_name: str | None = None, *, n_seq_max: int = DEFAULT_N_SEQ_MAX,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, n_batch: int = 512,
@@ -168,6 +160,13 @@ class LlamaCppBackend(Backend[_Lane]):
         # elsewhere exact mode gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie
         # promise is the default there
         self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
+        # finished requests' lanes kept for later prompts that start with their tokens (an agent's next step extends
+        # its last one; its conversations share the system prompt and tools): a fork shares the parked lane's cells.
+        # Exact mode keeps 16 (half the default n_seq_max; a running request's new lane takes a parked lane's id if
+        # needed): its attention skips the cells a row does not attend at a few instructions per 32 rows. The
+        # multi-row mode's (ggml's) reads every cell of the cache for every row and head, so there parked lanes slow
+        # every step (12 of 800 tokens: a one-token step of the 0.5B 24.5 -> 28.5 ms, a 400-token prefill 839 ->
+        # 1359 ms): it keeps one
         self.max_parked = 16 if self.exact else 1
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
         # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (SSR's rows kernels,
@@ -303,9 +302,10 @@ class LlamaCppBackend(Backend[_Lane]):
     # A parked lane goes on for the next request of its salt whose prompt starts with some of its tokens (taken, or
     # forked where it holds more: nothing recomputed).
     def _open(self, parent: _Lane | None) -> _Lane:
-        spare = [lane for lane in self.lanes.parked if self.lanes[lane] is not parent]
-        if not self._free_seqs and spare:  # a running request's lane before a parked one
-            self.release(spare[0])
+        if not self._free_seqs:  # a running request's lane before a parked one
+            spare = [lane for lane in self.lanes.parked if self.lanes[lane] is not parent]
+            if spare:
+                self.release(spare[0])
         if not self._free_seqs:
             raise LlamaCppError(f"backend 'llama.cpp' has {self.n_seq_max} lanes (n_seq_max) and all are live; "
                                 "load it with a larger n_seq_max")
