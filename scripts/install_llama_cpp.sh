@@ -28,7 +28,7 @@ for arg in "$@"; do
   esac
 done
 VERSION=0.3.36
-PATCHES=ssr3  # names what patch_source changes: a new set of patches gets a new wheel
+PATCHES=ssr4  # names what patch_source changes: a new set of patches gets a new wheel
 COMMON="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON
   -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 NO_AMX="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
@@ -57,7 +57,7 @@ cpu_flags() {  # the ggml options this CPU supports beyond AVX2 (x86-64 Linux; e
   echo "$out"
 }
 
-patch_source() {  # patch_source SOURCE_DIR: SSR's four changes to the vendored llama.cpp (each checked to apply)
+patch_source() {  # patch_source SOURCE_DIR: SSR's five changes to the vendored llama.cpp (each checked to apply)
   # 1. AMX: GCC's _tile_loadconfig (amxtileintrin.h, up to GCC 12) declares an 8-byte memory read, so the compiler
   #    drops the stores of the tile config's rows and column widths as dead: `ldtilecfg` loads a config without rows
   #    and the first `tilezero` raises #UD (SIGILL; found on an AMX Xeon with gdb and objdump). The fix names the
@@ -68,11 +68,15 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's four changes to the vendored 
   # 3. AMX: every matmul of Q4_K, Q6_K or Q8_0 weights runs SSR's VNNI kernels (scripts/llama_cpp/ssr_amx_rows.h)
   #    instead of ggml's one-row kernel and AMX tiles: the same bits a row, and on the Xeon VM of docs/backends/
   #    llama-cpp.md a one-row decode of the 1.5B in 67 ms against 90, four rows in 86 against 123, a prefill 6.0 ms
-  #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all).
+  #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all). Q4_K batches of 24
+  #    rows or more take SSR's own tile kernel there (group scales carried in the weight tiles; same bits a row; a
+  #    600-token prefill of the 1.5B 25% faster; SSR_AMX_TILE_ROWS=N moves the 24, 0 turns it off).
   # 4. Exact mode's attention (use_ref): SSR's kernel (scripts/llama_cpp/ssr_attention.h), every row's bits
   #    independent of the batch and of where its keys lie in the cache, as the reference path's are, at about the
   #    tiled kernel's speed (docs/backends/llama-cpp.md); models it does not cover keep the reference path.
-  cp "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/amx/"
+  # 5. AMX: the activations' quantization to Q8_K (ggml's reference function, one value at a time) with AVX-512,
+  #    the same bits (scripts/llama_cpp/ssr_quantize.h): 6-7% of a prefill of the 1.5B on the Xeon VM.
+  cp "$ROOT/scripts/llama_cpp/ssr_amx_rows.h" "$ROOT/scripts/llama_cpp/ssr_quantize.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/amx/"
   cp "$ROOT/scripts/llama_cpp/ssr_attention.h" "$1/vendor/llama.cpp/ggml/src/ggml-cpu/"
   "$VENV/bin/python" - "$1/vendor/llama.cpp/ggml/src/ggml-cpu" <<'PY'
 import sys
@@ -85,6 +89,10 @@ changes = [
     ("amx/mmq.cpp", mul_mat, '#include "ssr_amx_rows.h"  // SSR: install_llama_cpp.sh\n\n' + mul_mat),
     ("amx/mmq.cpp", one_row, "    if (ssr_rows_mul_mat(params, src0, dst, wdata, M, N, K, ldc, n_batch, ne2)) {  // SSR\n"
                              "        return;\n    }\n" + one_row),
+    ("amx/mmq.cpp", "// quantize A from float to `vec_dot_type`\n",
+     '#include "ssr_quantize.h"  // SSR: install_llama_cpp.sh\n\n// quantize A from float to `vec_dot_type`\n'),
+    ("amx/mmq.cpp", "    // TODO: this is reference impl!\n    quantize_row_q8_K_ref(x, (block_q8_K *)vy, k);\n",
+     "    ssr_quantize_row_q8_K(x, (block_q8_K *)vy, k);  // SSR: the reference's bits, AVX-512\n"),
     ("amx/mmq.cpp", "    _tile_loadconfig(&tc);\n",
      '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config read (SSR: install_llama_cpp.sh)\n'),
     ("ops.cpp", attention, '#include "ssr_attention.h"  // SSR: install_llama_cpp.sh\n\n' + attention

@@ -13,12 +13,14 @@
 // row's output has the bits it has when that row is decoded alone, through ggml's kernel or these.
 //
 // SSR_AMX_VNNI_ROWS=N (environment, read once) sends batches of more than N rows to ggml's AMX tiles (0: every
-// batch), for a machine where the tiles measure faster; unset, every batch takes these kernels.
+// batch), for a machine where the tiles measure faster; unset, every batch takes these kernels. Q4_K batches of
+// 24 rows or more (SSR_AMX_TILE_ROWS) go through SSR's own AMX tile kernel below, with the same bits a row.
 
 #pragma once
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
 template <typename TB> struct ssr_has_rows_kernel : std::integral_constant<bool,
     std::is_same<TB, block_q4_K>::value ||
@@ -269,6 +271,186 @@ struct ssr_rows_kernel<block_q8_0, ROWS, COLS> {
     }
 };
 
+// AMX tiles for batches of SSR_AMX_TILE_ROWS rows or more (unset: 24; 0: never) of Q4_K weights: 16 rows at a
+// time, each 64 values of a block in two tile products whose B tiles carry the group scales (a 6-bit scale s split
+// as s = lo + 8 hi, lo and hi below 8, so that value x lo and value x hi stay within int8: at most 15 x 7), the two
+// products summed as lo + 8 hi over the block's four chunks of 64 values. That is, integer for integer, the rows
+// kernel's sum over groups of scale x dot product; the block's float operations then follow the rows kernel's, in
+// its order, so every row keeps the bits it has decoded alone (tests/test_llama_cpp_kernels.py). ggml's own AMX
+// path applies each group's scale with AVX-512 after a tile product per 32 values. Measured in the model (the 1.5B
+// on the Xeon VM of docs/backends/llama-cpp.md, 2 threads): a 600-token prefill 2.2-2.5 s against 2.9-3.1 through
+// the rows kernel, a 64-row step 0.42-0.44 s against 0.50-0.53; at 8-12 rows the tiles were 15-20% slower, at 16
+// level, at 24 level to 3% faster: hence 24.
+inline int ssr_tiles_min() {
+    static const int rows = [] {
+        const char * env = getenv("SSR_AMX_TILE_ROWS");
+        const int n = env && *env ? atoi(env) : 24;  // set but empty: as unset
+        return n > 0 ? n : INT_MAX;
+    }();
+    return rows;
+}
+
+struct ssr_tile_config {
+    uint8_t palette_id = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {0};
+    uint16_t colsb[16] = {0};
+    uint8_t rows[16] = {0};
+};
+
+inline void ssr_tile_load_config(const ssr_tile_config & tc) {
+    __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config as operand (install_llama_cpp.sh's first patch)
+}
+
+// Every tile 16 rows of 64 bytes: 0 and 5 the activations (16 rows x 64 values), 1/2 and 6/7 the scaled weights
+// (lo, hi: 16 rows of 16 columns x 4 values), 3 and 4 the sums (16 rows x 16 int32, lo and hi).
+inline void ssr_tiles_configure() {
+    alignas(64) ssr_tile_config tc;
+    for (int t = 0; t < 8; ++t) {
+        tc.rows[t] = 16;
+        tc.colsb[t] = 64;
+    }
+    ssr_tile_load_config(tc);
+}
+
+// ggml's own tile config (ggml_tile_config_init, which loads it once a thread): put back after SSR's tiles ran, so
+// that ggml's AMX path finds the config it loaded.
+inline void ssr_tiles_restore() {
+    alignas(64) ssr_tile_config tc;
+    tc.rows[0] = 8;   tc.colsb[0] = 64;
+    tc.rows[1] = 8;   tc.colsb[1] = 64;
+    tc.rows[2] = 16;  tc.colsb[2] = 32;
+    tc.rows[3] = 16;  tc.colsb[3] = 32;
+    for (int t = 4; t < 8; ++t) {
+        tc.rows[t] = 16;  tc.colsb[t] = 64;
+    }
+    ssr_tile_load_config(tc);
+}
+
+// GCC's tile intrinsics are asm statements that name no memory: without a barrier the compiler may drop or move the
+// vector stores a tile load reads and the vector loads of what a tile store wrote (seen at -O3).
+#define SSR_TILE_MEMORY() __asm__ volatile("" ::: "memory")
+
+// The B tiles of values [64 c, 64 c + 64) of a packed Q4_K block: each value (0..15) times the low three bits of
+// its group's scale (lo) and times the high three (hi). A 16-bit lane holds two values of one column, so one 16-bit
+// multiply by the column's scale part scales both (each product below 256: no carry between the bytes).
+inline void ssr_q4k_scaled_tiles(int8_t * RESTRICT lo, int8_t * RESTRICT hi, const char * RESTRICT b, int c) {
+    const __m512i lowMask = _mm512_set1_epi8(0xF);
+    const __m512i seven = _mm512_set1_epi16(7);
+    for (int g = 0; g < 2; ++g) {
+        const int k_group = 2 * c + g;
+        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (QK_K / 2) * TILE_N + k_group * TILE_N)));
+        const __m512i s16 = _mm512_or_si512(s32, _mm512_slli_epi32(s32, 16));
+        const __m512i slo = _mm512_and_si512(s16, seven);
+        const __m512i shi = _mm512_srli_epi16(s16, 3);
+        for (int k = 0; k < 8; k += 2) {
+            const __m512i bytes = _mm512_loadu_si512((const __m512i *)(b + (k_group * 4 + k / 2) * 64));
+            const __m512i v0 = _mm512_and_si512(bytes, lowMask);
+            const __m512i v1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), lowMask);
+            const int row = g * 8 + k;  // tile row: 4 values of each column, in the activations' order
+            _mm512_store_si512((__m512i *)(lo + row * 64), _mm512_mullo_epi16(v0, slo));
+            _mm512_store_si512((__m512i *)(lo + (row + 1) * 64), _mm512_mullo_epi16(v1, slo));
+            _mm512_store_si512((__m512i *)(hi + row * 64), _mm512_mullo_epi16(v0, shi));
+            _mm512_store_si512((__m512i *)(hi + (row + 1) * 64), _mm512_mullo_epi16(v1, shi));
+        }
+    }
+}
+
+// C[r][0..16 cols) = A[r] x B for r < M, B cols packed tile columns of Q4_K from block 0 (tiles configured for 16
+// rows). Each block's scaled weight tiles are made once and serve every group of 16 rows; the rows' float sums
+// accumulate in C from block to block (stored and loaded: the same bits as kept in registers). A last group of
+// fewer than 16 rows reads its activations from a copy padded with zeros.
+inline void ssr_tiles_q4_K(int KB, const block_q8_K * RESTRICT A, int M, const char * RESTRICT B, int cols,
+                           float * RESTRICT C, int ldc) {
+    const int TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
+    const int offset_mins = (QK_K / 2) * TILE_N + 8 * TILE_N;
+    const int offset_d0   = (QK_K / 2) * TILE_N + 16 * TILE_N;
+    const int offset_dmin = offset_d0 + TILE_N * sizeof(ggml_half);
+    const int lda = KB * sizeof(block_q8_K);
+    constexpr int CHUNK = 16 * 64;  // one B tile: 16 rows of 64 bytes
+    alignas(64) int8_t tiles[8 * CHUNK];  // a block's B tiles: 4 chunks x (lo, hi)
+    alignas(64) int8_t padded[16 * QK_K];  // the last group's activations of one block, 16 rows
+    alignas(64) int32_t sum_lo[16 * 16], sum_hi[16 * 16];
+    for (int i = 0; i < KB; ++i) {  // blocks outer: a block's activations, read for every column, stay in cache
+        for (int col = 0; col < cols; ++col) {
+            const char * b = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
+            for (int c = 0; c < 4; ++c) {
+                ssr_q4k_scaled_tiles(tiles + 2 * c * CHUNK, tiles + (2 * c + 1) * CHUNK, b, c);
+            }
+            const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
+            const __m512 vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_dmin)));
+            __m512i vmins[4];
+            for (int k = 0; k < 4; ++k) {
+                vmins[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + offset_mins + k * 32)));
+            }
+            for (int m = 0; m < M; m += 16) {
+                const int nr = std::min(16, M - m);
+                const block_q8_K * Am = A + (size_t)m * KB;
+                const int8_t * a = Am[i].qs;
+                int stride = lda;
+                if (nr < 16) {
+                    for (int r = 0; r < 16; ++r) {
+                        if (r < nr) {
+                            memcpy(padded + r * QK_K, Am[r * KB + i].qs, QK_K);
+                        } else {
+                            memset(padded + r * QK_K, 0, QK_K);
+                        }
+                    }
+                    a = padded;
+                    stride = QK_K;
+                }
+                // the next group's activations of this block, fetched while this group computes: a tile load
+                // waits for each of its 16 rows, and the rows were quantized by every thread (measured in the
+                // model: without this the tile loads of the activations took most of the kernel's time)
+                for (int r = 0; r < std::min(16, M - m - 16); ++r) {
+                    const int8_t * next = Am[(16 + r) * KB + i].qs;
+                    for (int k = 0; k < QK_K; k += 64) {
+                        _mm_prefetch((const char *)next + k, _MM_HINT_T0);
+                    }
+                }
+                SSR_TILE_MEMORY();
+                _tile_zero(3);
+                _tile_zero(4);
+                for (int c = 0; c < 4; c += 2) {  // two chunks of 64 values on two sets of tiles
+                    _tile_loadd(0, a + c * 64, stride);
+                    _tile_loadd(1, tiles + (2 * c) * CHUNK, 64);
+                    _tile_loadd(2, tiles + (2 * c + 1) * CHUNK, 64);
+                    _tile_dpbssd(3, 0, 1);
+                    _tile_dpbssd(4, 0, 2);
+                    _tile_loadd(5, a + (c + 1) * 64, stride);
+                    _tile_loadd(6, tiles + (2 * c + 2) * CHUNK, 64);
+                    _tile_loadd(7, tiles + (2 * c + 3) * CHUNK, 64);
+                    _tile_dpbssd(3, 5, 6);
+                    _tile_dpbssd(4, 5, 7);
+                }
+                _tile_stored(3, sum_lo, 64);
+                _tile_stored(4, sum_hi, 64);
+                SSR_TILE_MEMORY();
+                // the rows kernel's float operations, row by row, in its order
+                for (int r = 0; r < nr; ++r) {
+                    const block_q8_K & ar = Am[r * KB + i];
+                    float * out = C + (size_t)(m + r) * ldc + col * 16;
+                    __m512 vc = i == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+                    const __m512i acc = _mm512_add_epi32(_mm512_load_si512((const __m512i *)(sum_lo + r * 16)),
+                                                         _mm512_slli_epi32(_mm512_load_si512((const __m512i *)(sum_hi + r * 16)), 3));
+                    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)ar.bsums);
+                    const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+                    int32_t bsum_pairs[4];
+                    _mm_storeu_si128((__m128i *)bsum_pairs, q8s);
+                    const __m512 vd1 = _mm512_set1_ps(ar.d);
+                    vc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(vd0, vd1), vc);
+                    __m512i acc_m = _mm512_setzero_si512();
+                    for (int k = 0; k < 4; ++k) {
+                        acc_m = _mm512_dpwssds_epi32(acc_m, _mm512_set1_epi32(bsum_pairs[k]), vmins[k]);
+                    }
+                    vc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(acc_m), _mm512_mul_ps(vdmin, vd1), vc);
+                    _mm512_storeu_ps(out, vc);
+                }
+            }
+        }
+    }
+}
+
 // The work items [begin, end) of ssr_rows_mul_mat for weights of type TB (a template, so that the types without a
 // kernel above compile to nothing).
 template <typename TB, typename TA, int BLCK_SIZE, int ROWS, int COLS>
@@ -280,6 +462,10 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
         const int KB = K / BLCK_SIZE;
         const int TILE_SIZE = get_tile_size<TB>();
         const int row_size_A = KB * sizeof(TA);
+        const bool tiles = std::is_same<TB, block_q4_K>::value && M >= ssr_tiles_min();
+        if (tiles) {
+            ssr_tiles_configure();
+        }
         for (int i = begin; i < end; ++i) {
             const int batch_idx = i / NB;
             const int nb = i % NB;
@@ -287,7 +473,14 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
             const char * B = (const char *)src0->data + ggml_batch_offset(src0, batch_idx, ne2)
                              + PACKED_INDEX(nb * COLS, 0, KB, TILE_SIZE);
             float * C = (float *)((char *)dst->data + ggml_batch_offset(dst, batch_idx, ne2)) + nb * BLOCK_N;
-            for (int m = 0; m < M; m += ROWS) {
+            int m = 0;
+            if constexpr (std::is_same<TB, block_q4_K>::value) {
+                if (tiles) {  // groups of 16 rows, the last one the rest where that is at least ssr_tiles_min()
+                    m = M % 16 >= ssr_tiles_min() ? M : M / 16 * 16;
+                    ssr_tiles_q4_K(KB, (const block_q8_K *)A, m, B, COLS, C, ldc);
+                }
+            }
+            for (; m < M; m += ROWS) {
                 const char * Am = A + m * row_size_A;
                 float * Cm = C + m * ldc;
                 switch (std::min(ROWS, M - m)) {
@@ -297,6 +490,9 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
                     default: ssr_rows_kernel<TB, 4, COLS>::apply(KB, Am, B, Cm, ldc); break;
                 }
             }
+        }
+        if (tiles) {
+            ssr_tiles_restore();
         }
     }
 }

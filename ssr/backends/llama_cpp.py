@@ -185,8 +185,9 @@ class LlamaCppBackend(Backend[_Lane]):
         # the build is part of the cost table's key: the same CPU costs differently per build and kernel patch
         self.cost_version = (f"{type(self).cost_version};{','.join(built_with)};{library.digest}"
                              + (";amx" if self.amx else "") + (";reference-attention" if self.batch_invariant else "")
-                             + (f";amx-vnni-rows={os.environ['SSR_AMX_VNNI_ROWS']}"  # the rows kernels' limit, moved
-                                if self.amx and "SSR_AMX_VNNI_ROWS" in os.environ else ""))
+                             + "".join(f";{name.lower()}={os.environ[name]}"  # the kernels' row limits, moved
+                                       for name in ("SSR_AMX_VNNI_ROWS", "SSR_AMX_TILE_ROWS")
+                                       if self.amx and name in os.environ))
         self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
         weights = gguf
         # the rewrite keeps exact mode's bits on the AMX layout (Q8_0 through SSR's VNNI kernels: measured, and

@@ -1,0 +1,172 @@
+"""SSR's C++ additions to llama.cpp (scripts/llama_cpp/), compiled on their own and checked bit for bit against
+what they stand in for: the AMX tile kernel for Q4_K against SSR's rows kernel (which exact mode's one-row decodes
+run), the AVX-512 quantizer against ggml's reference function in the installed libggml-base. The model tests
+(tests/test_llama_cpp.py) check the same through whole decodes; these pin every batch size and edge case.
+
+They skip without g++, without the CPU features the code needs (AVX-512 VNNI; AMX for the tiles), and, for the
+quantizer, without llama-cpp-python."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssr.calibrate import _cpuinfo
+
+HEADERS = Path(__file__).resolve().parent.parent / "scripts" / "llama_cpp"
+FLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c",
+         "-mfma", "-mamx-tile", "-mamx-int8"]
+
+# The stand-ins for what ggml-cpu/amx/mmq.cpp defines before it includes the headers.
+PRELUDE = r"""
+#include <immintrin.h>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <unistd.h>
+#include <sys/syscall.h>
+#define QK_K 256
+#define TILE_N 16
+#define TILE_K 32
+#define RESTRICT __restrict__
+#define PACKED_INDEX(n, k, KB, tile_size) (n * KB + k) * tile_size
+#define GGML_CPU_FP16_TO_FP32(x) _cvtsh_ss(x)
+typedef uint16_t ggml_half;
+enum ggml_type { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0 };
+struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+struct block_q4_K { ggml_half d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
+struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; ggml_half d; };
+struct block_q8_0 { ggml_half d; int8_t qs[32]; };
+"""
+
+TILES_MAIN = r"""
+int main() {
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no-amx"); return 0; }
+    const int N = 256, K = 1536, KB = K / QK_K, TS = TILE_N * sizeof(block_q4_K) + TILE_N * 4, MMAX = 100;
+    srand(7);
+    char * B = (char *)aligned_alloc(64, (size_t)N / 16 * KB * TS);
+    for (size_t i = 0; i < (size_t)N / 16 * KB * TS; ++i) B[i] = rand();
+    for (int t = 0; t < N / 16 * KB; ++t) {  // a packed tile as ggml lays it out: 6-bit scales and mins, f16 d/dmin
+        uint8_t * sc = (uint8_t *)B + (size_t)t * TS + (QK_K / 2) * TILE_N;
+        for (int j = 0; j < 16 * TILE_N; ++j) sc[j] &= 63;
+        uint16_t * h = (uint16_t *)(sc + 16 * TILE_N);
+        for (int j = 0; j < 2 * TILE_N; ++j) h[j] = _cvtss_sh(0.0005f * (1 + rand() % 60), 0);
+    }
+    block_q8_K * A = (block_q8_K *)aligned_alloc(64, (size_t)MMAX * KB * sizeof(block_q8_K));
+    for (int i = 0; i < MMAX * KB; ++i) {
+        A[i].d = 0.01f * (1 + rand() % 100);
+        for (int j = 0; j < QK_K; ++j) A[i].qs[j] = rand() % 256 - 128;
+        for (int g = 0; g < 16; ++g) {
+            int s = 0;
+            for (int j = 0; j < 16; ++j) s += A[i].qs[g * 16 + j];
+            A[i].bsums[g] = s;
+        }
+    }
+    float * rows = (float *)malloc(sizeof(float) * MMAX * N), * tiles = (float *)malloc(sizeof(float) * MMAX * N);
+    int bad = 0;
+    for (int M : {8, 9, 12, 16, 17, 24, 31, 32, 100}) {
+        for (int nb = 0; nb < N / 64; ++nb) {
+            const char * Bn = B + PACKED_INDEX(nb * 4, 0, KB, TS);
+            for (int m = 0; m < M; m += 4) {  // the rows kernel, as ssr_rows_work groups the rows
+                const block_q8_K * Am = A + (size_t)m * KB;
+                float * Cm = rows + (size_t)m * N + nb * 64;
+                switch (std::min(4, M - m)) {
+                    case 1: ssr_rows_kernel<block_q4_K, 1, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    case 2: ssr_rows_kernel<block_q4_K, 2, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    case 3: ssr_rows_kernel<block_q4_K, 3, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    default: ssr_rows_kernel<block_q4_K, 4, 4>::apply(KB, Am, Bn, Cm, N); break;
+                }
+            }
+            ssr_tiles_configure();
+            ssr_tiles_q4_K(KB, A, M, Bn, 4, tiles + nb * 64, N);
+            ssr_tiles_restore();
+        }
+        if (memcmp(rows, tiles, sizeof(float) * M * N)) { printf("M=%d differs\n", M); bad = 1; }
+    }
+    puts(bad ? "differ" : "identical");
+}
+"""
+
+QUANTIZE_MAIN = r"""
+int main(int argc, char ** argv) {
+    const long k = atol(argv[1]), n = atol(argv[2]);
+    float * x = (float *)malloc(sizeof(float) * k * n);
+    if (fread(x, sizeof(float), k * n, stdin) != (size_t)(k * n)) return 2;
+    block_q8_K * y = (block_q8_K *)calloc(k * n / QK_K, sizeof(block_q8_K));
+    for (long r = 0; r < n; ++r) ssr_quantize_row_q8_K(x + r * k, y + r * k / QK_K, k);
+    fwrite(y, sizeof(block_q8_K), k * n / QK_K, stdout);
+}
+"""
+
+
+def _compile(tmp_path: Path, name: str, source: str) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the kernels with")
+    src, exe = tmp_path / f"{name}.cpp", tmp_path / name
+    src.write_text(source)
+    subprocess.run(["g++", *FLAGS, str(src), "-o", str(exe)], check=True, capture_output=True)
+    return exe
+
+
+def _needs(*flags: str) -> None:
+    have = set((_cpuinfo().get("flags") or "").split())
+    missing = [f for f in flags if f not in have]
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)}")
+
+
+def _kernels_part() -> str:
+    """ssr_amx_rows.h's kernels, without the dispatch that needs ggml's own definitions."""
+    text = (HEADERS / "ssr_amx_rows.h").read_text()
+    start = text.index("template <typename TB> struct ssr_has_rows_kernel")
+    return text[start:text.index("// The work items [begin, end) of ssr_rows_mul_mat")]
+
+
+def test_q4_K_tiles_give_the_rows_kernels_bits_at_every_batch_size(tmp_path):
+    """Integer for integer the tile kernel's block sums are the rows kernel's, and its float operations follow the
+    rows kernel's order: every row bitwise equal, for full groups of 16 rows, padded last groups, and many groups."""
+    _needs("avx512_vnni", "amx_int8", "amx_tile")
+    exe = _compile(tmp_path, "tiles", PRELUDE + _kernels_part() + TILES_MAIN)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    if out.strip() == "no-amx":
+        pytest.skip("the kernel refuses this process AMX state (arch_prctl)")
+    assert out.strip().endswith("identical"), out
+
+
+def test_the_quantizer_gives_ggml_references_bits(tmp_path):
+    """ssr_quantize_row_q8_K against the installed libggml-base's quantize_row_q8_K_ref, on rows of every scale
+    and the edge cases: a block of zeros, the largest magnitude twice with both signs, values on .5."""
+    _needs("avx512bw", "avx512_vnni")
+    llama_cpp = pytest.importorskip("llama_cpp")
+    libs = sorted((Path(llama_cpp.__file__).parent / "lib").glob("libggml-base.so*"))
+    if not libs:
+        pytest.skip("llama-cpp-python without its libggml-base")
+    base = ctypes.CDLL(str(libs[0]))
+    exe = _compile(tmp_path, "quantize", PRELUDE + (HEADERS / "ssr_quantize.h").read_text() + QUANTIZE_MAIN)
+    k, n, block = 1536, 40, 4 + 256 + 32
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-4, 4, (n, 1))).astype(np.float32)
+    x[0, :256] = 0  # amax 0: d = 0, qs = 0
+    x[1, :256] = np.tile([-1.0, 0.0, 1.0], 86)[:256]  # the largest magnitude first with a minus sign
+    x[2, 256:512] = 0.5 * np.arange(-128, 128)  # halves: round half to even in nearest_int
+    x[3, 5], x[3, 9] = -30.0, 30.0  # a tie of opposite signs: the first wins
+    ours = subprocess.run([str(exe), str(k), str(n)], input=x.tobytes(), check=True, capture_output=True).stdout
+    ref = ctypes.create_string_buffer(n * k // 256 * block)
+    base.quantize_row_q8_K_ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for r in range(n):
+        row = np.ascontiguousarray(x[r])
+        base.quantize_row_q8_K_ref(row.ctypes.data, ctypes.addressof(ref) + r * k // 256 * block, k)
+    ours_blocks = np.frombuffer(ours, np.uint8).reshape(-1, block)
+    ref_blocks = np.frombuffer(ref.raw, np.uint8).reshape(-1, block)
+    zero = np.all(x.reshape(-1, 256) == 0, axis=1)  # the reference leaves a zero block's sums unwritten
+    assert np.array_equal(ours_blocks[~zero], ref_blocks[~zero])
+    assert np.array_equal(ours_blocks[zero, :260], ref_blocks[zero, :260])
