@@ -400,8 +400,8 @@ inline void ssr_tiles_q4_K(int KB, const block_q8_K * RESTRICT A, int M, const c
                     stride = QK_K;
                 }
                 // the next group's activations of this block, fetched while this group computes: a tile load
-                // waits for each of its 16 rows, and the rows were quantized by every thread (measured in the
-                // model: without this the tile loads of the activations took most of the kernel's time)
+                // waits for each of its 16 rows, lines the hardware prefetcher does not follow from row to row
+                // (the perf samples sat on these loads; the prefetch's own gain was not measured apart)
                 for (int r = 0; r < std::min(16, M - m - 16); ++r) {
                     const int8_t * next = Am[(16 + r) * KB + i].qs;
                     for (int k = 0; k < QK_K; k += 64) {
