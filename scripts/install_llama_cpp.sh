@@ -68,9 +68,9 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's five changes to the vendored 
   # 3. AMX: every matmul of Q4_K, Q6_K or Q8_0 weights runs SSR's VNNI kernels (scripts/llama_cpp/ssr_amx_rows.h)
   #    instead of ggml's one-row kernel and AMX tiles: the same bits a row, and on the Xeon VM of docs/backends/
   #    llama-cpp.md a one-row decode of the 1.5B in 67 ms against 90, four rows in 86 against 123, a prefill 6.0 ms
-  #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all). Q4_K batches of 24
-  #    rows or more take SSR's own tile kernel there (group scales carried in the weight tiles; same bits a row; a
-  #    600-token prefill of the 1.5B 25% faster; SSR_AMX_TILE_ROWS=N moves the 24, 0 turns it off).
+  #    a token against 6.7. SSR_AMX_VNNI_ROWS=N sends batches over N rows to the tiles (0: all). Q4_K and Q6_K
+  #    batches of 32 rows or more take SSR's own tile kernels there (group scales carried in the weight tiles; same
+  #    bits a row; a 600-token prefill of the 1.5B 30% faster; SSR_AMX_TILE_ROWS=N moves the 32, 0 turns it off).
   # 4. Exact mode's attention (use_ref): SSR's kernel (scripts/llama_cpp/ssr_attention.h), every row's bits
   #    independent of the batch and of where its keys lie in the cache, as the reference path's are, at about the
   #    tiled kernel's speed (docs/backends/llama-cpp.md); models it does not cover keep the reference path.

@@ -295,14 +295,15 @@ def test_exact_mode_on_the_amx_layout_keeps_bits_with_either_weights_file(exact_
 
 
 def assert_rows_are_one_sequence_rows(backend, prompt_ids) -> None:
-    """24 greedy one-row steps after a prefill; the same positions in one verification step, and stepped beside two
-    lanes fed other tokens (1 + 2 + 3 rows a step): bitwise the same logits."""
+    """40 greedy one-row steps after a prefill; the same positions in one verification step (40 rows: on AMX two
+    groups of 16 through SSR's tile kernels and 8 through its rows kernels), and stepped beside two lanes fed other
+    tokens (1 + 2 + 3 rows a step): bitwise the same logits."""
     backend.release_all()
-    ref, ref_rows = greedy(backend, prompt_ids, 24)
+    ref, ref_rows = greedy(backend, prompt_ids, 40)
     lane = backend.new_lane()
     backend.step({lane: prompt_ids}, {lane: 1})  # the same prefill (its bulk rows are computed as one batch) ...
     backend.truncate(lane, len(prompt_ids) - 1)  # ... and its last token fed again, as the engine reuses a prompt
-    rows = backend.step({lane: prompt_ids[-1:] + ref[:-1]}, {lane: 24})[lane]  # one verification step
+    rows = backend.step({lane: prompt_ids[-1:] + ref[:-1]}, {lane: 40})[lane]  # one verification step
     assert torch.equal(rows, ref_rows)
     backend.truncate(lane, len(prompt_ids) - 1)
     side = [backend.fork(lane), backend.fork(lane)]

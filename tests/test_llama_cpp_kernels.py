@@ -1,6 +1,6 @@
 """SSR's C++ additions to llama.cpp (scripts/llama_cpp/), compiled on their own and checked bit for bit against
-what they stand in for: the AMX tile kernel for Q4_K against SSR's rows kernel (which exact mode's one-row decodes
-run), the AVX-512 quantizer against ggml's reference function in the installed libggml-base. The model tests
+what they stand in for: the AMX tile kernels for Q4_K and Q6_K against SSR's rows kernels (which exact mode's
+one-row decodes run), the AVX-512 quantizer against ggml's reference function in the installed libggml-base. The model tests
 (tests/test_llama_cpp.py) check the same through whole decodes; these pin every batch size and edge case.
 
 They skip without g++, without the CPU features the code needs (AVX-512 VNNI; AMX for the tiles), and, for the
@@ -49,22 +49,27 @@ struct block_q8_0 { ggml_half d; int8_t qs[32]; };
 """
 
 TILES_MAIN = r"""
-int main() {
-    if (syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no-amx"); return 0; }
-    const int N = 256, K = 1536, KB = K / QK_K, TS = TILE_N * sizeof(block_q4_K) + TILE_N * 4, MMAX = 100;
-    srand(7);
+// packed weights as ggml lays them out, random but for the fields with a fixed range
+static void fill(block_q4_K *, char * tile) {  // 6-bit scales and mins, f16 d and dmin
+    uint8_t * sc = (uint8_t *)tile + (QK_K / 2) * TILE_N;
+    for (int j = 0; j < 16 * TILE_N; ++j) sc[j] &= 63;
+    uint16_t * h = (uint16_t *)(sc + 16 * TILE_N);
+    for (int j = 0; j < 2 * TILE_N; ++j) h[j] = _cvtss_sh(0.0005f * (1 + rand() % 60), 0);
+}
+static void fill(block_q6_K *, char * tile) {  // signed 8-bit scales (every value), f16 d
+    uint16_t * h = (uint16_t *)(tile + (QK_K / 2) * TILE_N + (QK_K / 4) * TILE_N + 16 * TILE_N);
+    for (int j = 0; j < TILE_N; ++j) h[j] = _cvtss_sh(0.0005f * (1 + rand() % 60), 0);
+}
+
+template <typename TB> int check() {
+    const int N = 256, K = 1536, KB = K / QK_K, TS = ssr_tile_kind<TB>::TILE_SIZE, MMAX = 100;
     char * B = (char *)aligned_alloc(64, (size_t)N / 16 * KB * TS);
     for (size_t i = 0; i < (size_t)N / 16 * KB * TS; ++i) B[i] = rand();
-    for (int t = 0; t < N / 16 * KB; ++t) {  // a packed tile as ggml lays it out: 6-bit scales and mins, f16 d/dmin
-        uint8_t * sc = (uint8_t *)B + (size_t)t * TS + (QK_K / 2) * TILE_N;
-        for (int j = 0; j < 16 * TILE_N; ++j) sc[j] &= 63;
-        uint16_t * h = (uint16_t *)(sc + 16 * TILE_N);
-        for (int j = 0; j < 2 * TILE_N; ++j) h[j] = _cvtss_sh(0.0005f * (1 + rand() % 60), 0);
-    }
+    for (int t = 0; t < N / 16 * KB; ++t) fill((TB *)nullptr, B + (size_t)t * TS);
     block_q8_K * A = (block_q8_K *)aligned_alloc(64, (size_t)MMAX * KB * sizeof(block_q8_K));
     for (int i = 0; i < MMAX * KB; ++i) {
         A[i].d = 0.01f * (1 + rand() % 100);
-        for (int j = 0; j < QK_K; ++j) A[i].qs[j] = rand() % 256 - 128;
+        for (int j = 0; j < QK_K; ++j) A[i].qs[j] = i % 7 ? rand() % 256 - 128 : (j % 2 ? 127 : -128);  // and extremes
         for (int g = 0; g < 16; ++g) {
             int s = 0;
             for (int j = 0; j < 16; ++j) s += A[i].qs[g * 16 + j];
@@ -80,19 +85,26 @@ int main() {
                 const block_q8_K * Am = A + (size_t)m * KB;
                 float * Cm = rows + (size_t)m * N + nb * 64;
                 switch (std::min(4, M - m)) {
-                    case 1: ssr_rows_kernel<block_q4_K, 1, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    case 2: ssr_rows_kernel<block_q4_K, 2, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    case 3: ssr_rows_kernel<block_q4_K, 3, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    default: ssr_rows_kernel<block_q4_K, 4, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    case 1: ssr_rows_kernel<TB, 1, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    case 2: ssr_rows_kernel<TB, 2, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    case 3: ssr_rows_kernel<TB, 3, 4>::apply(KB, Am, Bn, Cm, N); break;
+                    default: ssr_rows_kernel<TB, 4, 4>::apply(KB, Am, Bn, Cm, N); break;
                 }
             }
             ssr_tiles_configure();
-            ssr_tiles_q4_K(KB, A, M, Bn, 4, tiles + nb * 64, N);
+            ssr_tiles<TB>(KB, A, M, Bn, 4, tiles + nb * 64, N);
             ssr_tiles_restore();
         }
         if (memcmp(rows, tiles, sizeof(float) * M * N)) { printf("M=%d differs\n", M); bad = 1; }
     }
-    puts(bad ? "differ" : "identical");
+    return bad;
+}
+
+int main() {
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no-amx"); return 0; }
+    srand(7);
+    const int bad = check<block_q4_K>() | check<block_q6_K>() << 1;
+    puts(bad ? (bad == 1 ? "Q4_K differs" : bad == 2 ? "Q6_K differs" : "both differ") : "identical");
 }
 """
 
@@ -131,9 +143,10 @@ def _kernels_part() -> str:
     return text[start:text.index("// The work items [begin, end) of ssr_rows_mul_mat")]
 
 
-def test_q4_K_tiles_give_the_rows_kernels_bits_at_every_batch_size(tmp_path):
-    """Integer for integer the tile kernel's block sums are the rows kernel's, and its float operations follow the
-    rows kernel's order: every row bitwise equal, for full groups of 16 rows, padded last groups, and many groups."""
+def test_tiles_give_the_rows_kernels_bits_at_every_batch_size(tmp_path):
+    """Q4_K and Q6_K: integer for integer the tile kernel's block sums are the rows kernel's (every scale, the
+    activations' extremes), and its float operations are the rows kernel's function: every row bitwise equal, for
+    full groups of 16 rows, padded last groups, and many groups."""
     _needs("avx512_vnni", "amx_int8", "amx_tile")
     exe = _compile(tmp_path, "tiles", PRELUDE + _kernels_part() + TILES_MAIN)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout

@@ -64,6 +64,44 @@ template <int ROWS, int COLS> void ssr_store(float * RESTRICT C, int ldc, const 
     }
 }
 
+// A Q4_K block's float work for one row and one tile of 16 columns, shared by the rows kernel and the tile kernel
+// so that both give a row the same bits: the block's integer sum (over groups, scale x dot product) times d x the
+// row's scale added to vc, then the mins' integer sum (over groups, min x the row's bsums) times dmin x the row's
+// scale subtracted. bsum_pairs: the row's bsums summed in pairs (ggml's one-row kernel's va_bsum lanes 0..3).
+struct ssr_q4k_column {  // a packed block's per-column constants
+    __m512 vd0, vdmin;
+    __m512i vmins[4];
+};
+
+inline ssr_q4k_column ssr_q4k_load_column(const char * RESTRICT b) {
+    const int offset_mins = (QK_K / 2) * TILE_N + 8 * TILE_N;
+    const int offset_d0   = (QK_K / 2) * TILE_N + 16 * TILE_N;
+    const int offset_dmin = offset_d0 + TILE_N * sizeof(ggml_half);
+    ssr_q4k_column c;
+    c.vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
+    c.vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_dmin)));
+    for (int k = 0; k < 4; ++k) {
+        c.vmins[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + offset_mins + k * 32)));
+    }
+    return c;
+}
+
+inline void ssr_q4k_bsum_pairs(const block_q8_K & a, int32_t (&bsum_pairs)[4]) {
+    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)a.bsums);
+    const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+    _mm_storeu_si128((__m128i *)bsum_pairs, q8s);
+}
+
+inline __m512 ssr_q4k_block_out(__m512 vc, __m512i acc, const ssr_q4k_column & c, __m512 vd1,
+                                const int32_t (&bsum_pairs)[4]) {
+    vc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(c.vd0, vd1), vc);
+    __m512i acc_m = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+        acc_m = _mm512_dpwssds_epi32(acc_m, _mm512_set1_epi32(bsum_pairs[k]), c.vmins[k]);
+    }
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(acc_m), _mm512_mul_ps(c.vdmin, vd1), vc);
+}
+
 // C[r][0..COLS*16) = A[r] x B for r < ROWS: A holds ROWS quantized rows of KB blocks each, B one packed block
 // column (COLS tiles of 16 output columns), C rows ldc floats apart.
 //
@@ -80,23 +118,18 @@ struct ssr_rows_kernel<block_q4_K, ROWS, COLS> {
         const char * RESTRICT B = static_cast<const char *>(_B);
 
         const int offset_scales = (QK_K / 2) * TILE_N;
-        const int offset_mins   = (QK_K / 2) * TILE_N +  8 * TILE_N;
-        const int offset_d0     = (QK_K / 2) * TILE_N + 16 * TILE_N;
-        const int offset_dmin   = (QK_K / 2) * TILE_N + 16 * TILE_N + TILE_N * sizeof(ggml_half);
         const __m512i lowMask = _mm512_set1_epi8(0xF);
 
         __m512 vc[ROWS][COLS];
         ssr_zero(vc);
         for (int i = 0; i < KB; ++i) {
             const int32_t * a32[ROWS];
-            int32_t bsum_pairs[ROWS][4];  // the one-row kernel's va_bsum lanes 0..3: sums of bsums, as int16 pairs
+            int32_t bsum_pairs[ROWS][4];
             __m512 vd1[ROWS];
             for (int r = 0; r < ROWS; ++r) {
                 const block_q8_K & a = A[r * KB + i];
                 a32[r] = reinterpret_cast<const int32_t *>(a.qs);
-                const __m256i q8sums = _mm256_loadu_si256((const __m256i *)a.bsums);
-                const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-                _mm_storeu_si128((__m128i *)bsum_pairs[r], q8s);
+                ssr_q4k_bsum_pairs(a, bsum_pairs[r]);
                 vd1[r] = _mm512_set1_ps(a.d);
             }
             const char * b_ptr[COLS];
@@ -127,29 +160,20 @@ struct ssr_rows_kernel<block_q4_K, ROWS, COLS> {
                 }
             }
             for (int col = 0; col < COLS; ++col) {
-                const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_d0)));
+                const ssr_q4k_column column = ssr_q4k_load_column(b_ptr[col]);
                 for (int r = 0; r < ROWS; ++r) {
-                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][col]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
-                }
-                __m512i acc_m[ROWS];
-                for (int r = 0; r < ROWS; ++r) {
-                    acc_m[r] = _mm512_setzero_si512();
-                }
-                for (int k = 0; k < 4; ++k) {
-                    const __m512i vb = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_mins + k * 32)));
-                    for (int r = 0; r < ROWS; ++r) {
-                        acc_m[r] = _mm512_dpwssds_epi32(acc_m[r], _mm512_set1_epi32(bsum_pairs[r][k]), vb);
-                    }
-                }
-                const __m512 vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_dmin)));
-                for (int r = 0; r < ROWS; ++r) {
-                    vc[r][col] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(acc_m[r]), _mm512_mul_ps(vdmin, vd1[r]), vc[r][col]);
+                    vc[r][col] = ssr_q4k_block_out(vc[r][col], acc[r][col], column, vd1[r], bsum_pairs[r]);
                 }
             }
         }
         ssr_store(C, ldc, vc);
     }
 };
+
+// A Q6_K block's float work for one row and one tile of 16 columns (the rows kernel and the tile kernel alike).
+inline __m512 ssr_q6k_block_out(__m512 vc, __m512i acc, __m512 vd0, __m512 vd1) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(vd0, vd1), vc);
+}
 
 template <int ROWS, int COLS>
 struct ssr_rows_kernel<block_q6_K, ROWS, COLS> {
@@ -219,7 +243,7 @@ struct ssr_rows_kernel<block_q6_K, ROWS, COLS> {
             for (int col = 0; col < COLS; ++col) {
                 const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b_ptr[col] + offset_d0)));
                 for (int r = 0; r < ROWS; ++r) {
-                    vc[r][col] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][col]), _mm512_mul_ps(vd0, vd1[r]), vc[r][col]);
+                    vc[r][col] = ssr_q6k_block_out(vc[r][col], acc[r][col], vd0, vd1[r]);
                 }
             }
         }
@@ -271,20 +295,21 @@ struct ssr_rows_kernel<block_q8_0, ROWS, COLS> {
     }
 };
 
-// AMX tiles for batches of SSR_AMX_TILE_ROWS rows or more (unset: 24; 0: never) of Q4_K weights: 16 rows at a
-// time, each 64 values of a block in two tile products whose B tiles carry the group scales (a 6-bit scale s split
-// as s = lo + 8 hi, lo and hi below 8, so that value x lo and value x hi stay within int8: at most 15 x 7), the two
-// products summed as lo + 8 hi over the block's four chunks of 64 values. That is, integer for integer, the rows
-// kernel's sum over groups of scale x dot product; the block's float operations then follow the rows kernel's, in
-// its order, so every row keeps the bits it has decoded alone (tests/test_llama_cpp_kernels.py). ggml's own AMX
-// path applies each group's scale with AVX-512 after a tile product per 32 values. Measured in the model (the 1.5B
-// on the Xeon VM of docs/backends/llama-cpp.md, 2 threads): a 600-token prefill 2.2-2.5 s against 2.9-3.1 through
-// the rows kernel, a 64-row step 0.42-0.44 s against 0.50-0.53; at 8-12 rows the tiles were 15-20% slower, at 16
-// level, at 24 level to 3% faster: hence 24.
+// AMX tiles for batches of SSR_AMX_TILE_ROWS rows or more (unset: 32; 0: never) of Q4_K and Q6_K weights: 16 rows
+// at a time, each 64 values of a block in tile products whose B tiles carry the group scales, split so that every
+// product stays within a byte (Q4_K: two parts, ssr_q4k_scaled_tiles; Q6_K: four, ssr_q6k_scaled_tiles). Their sums,
+// shifted and added, are integer for integer the rows kernel's sum over groups of scale x dot product; the block's
+// float operations are then the rows kernel's own (ssr_q4k_block_out, ssr_q6k_block_out), so every row keeps the bits
+// it has decoded alone (tests/test_llama_cpp_kernels.py). ggml's own AMX path applies each group's scale with AVX-512
+// after a tile product per 32 values. Measured in the model (the 1.5B on the Xeon VM of docs/backends/llama-cpp.md,
+// 2 threads), both types on tiles: a 128-token prefill 0.35-0.37 s against 0.56-0.60 through the rows kernels
+// (0.40-0.42 with Q4_K alone on tiles), 600 tokens 1.95-2.06 s against 2.8-2.9 (2.06-2.21), a 64-row step
+// 0.35-0.36 s against 0.47-0.51 (0.40-0.42); at 16 and 24 rows (one group of 16, the rest through the rows kernel)
+// the tiles were 5-15% slower, at 32 rows 10-15% faster: hence 32.
 inline int ssr_tiles_min() {
     static const int rows = [] {
         const char * env = getenv("SSR_AMX_TILE_ROWS");
-        const int n = env && *env ? atoi(env) : 24;  // set but empty: as unset
+        const int n = env && *env ? atoi(env) : 32;  // set but empty: as unset
         return n > 0 ? n : INT_MAX;
     }();
     return rows;
@@ -302,8 +327,8 @@ inline void ssr_tile_load_config(const ssr_tile_config & tc) {
     __asm__ volatile("ldtilecfg %0" : : "m"(tc));  // the whole config as operand (install_llama_cpp.sh's first patch)
 }
 
-// Every tile 16 rows of 64 bytes: 0 and 5 the activations (16 rows x 64 values), 1/2 and 6/7 the scaled weights
-// (lo, hi: 16 rows of 16 columns x 4 values), 3 and 4 the sums (16 rows x 16 int32, lo and hi).
+// Every tile 16 rows of 64 bytes: activations (16 rows x 64 values), scaled weights (16 rows of 16 columns x 4
+// values) or sums (16 rows x 16 int32); which tile holds what is each weight type's (ssr_tile_kind::products).
 inline void ssr_tiles_configure() {
     alignas(64) ssr_tile_config tc;
     for (int t = 0; t < 8; ++t) {
@@ -331,6 +356,8 @@ inline void ssr_tiles_restore() {
 // vector stores a tile load reads and the vector loads of what a tile store wrote (seen at -O3).
 #define SSR_TILE_MEMORY() __asm__ volatile("" ::: "memory")
 
+constexpr int SSR_TILE_BYTES = 16 * 64;  // one B tile: 16 rows of 64 bytes
+
 // The B tiles of values [64 c, 64 c + 64) of a packed Q4_K block: each value (0..15) times the low three bits of
 // its group's scale (lo) and times the high three (hi). A 16-bit lane holds two values of one column, so one 16-bit
 // multiply by the column's scale part scales both (each product below 256: no carry between the bytes).
@@ -356,33 +383,154 @@ inline void ssr_q4k_scaled_tiles(int8_t * RESTRICT lo, int8_t * RESTRICT hi, con
     }
 }
 
-// C[r][0..16 cols) = A[r] x B for r < M, B cols packed tile columns of Q4_K from block 0 (tiles configured for 16
+// The B tiles of values [64 c, 64 c + 64) of a packed Q6_K block: the products of each value v = u - 32 (u its six
+// bits) and its group's scale s (signed 8-bit), in four int8 parts: v = vl + 16 vh (vl = u & 15: 0..15, vh = (u >> 4)
+// - 2: -2..1) and s = sl + 16 sh (sl = s & 15: 0..15, sh = s >> 4: -8..7) give v s = vl sl + 16 (vl sh + vh sl) +
+// 256 vh sh; t0 = vl sl (0..225: unsigned, for tdpbsud), t1 = vl sh, t2 = vh sl, t3 = vh sh (signed, within int8).
+// The signed parts are made from unsigned products (sh + 8 is 0..15) less their offsets, byte by byte modulo 256:
+// exact because each true value fits a byte.
+inline void ssr_q6k_scaled_tiles(int8_t * RESTRICT t0, int8_t * RESTRICT t1, int8_t * RESTRICT t2,
+                                 int8_t * RESTRICT t3, const char * RESTRICT b, int c) {
+    const int offset_qh = (QK_K / 2) * TILE_N, offset_scales = offset_qh + (QK_K / 4) * TILE_N;
+    const __m512i low = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(0x3);
+    for (int g = 0; g < 4; ++g) {
+        const int k_group = 4 * c + g;
+        const __m512i x32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + offset_scales + k_group * TILE_N)));
+        const __m512i sl32 = _mm512_and_si512(x32, _mm512_set1_epi32(15));
+        const __m512i sh32 = _mm512_xor_si512(_mm512_srli_epi32(x32, 4), _mm512_set1_epi32(8));  // sh + 8
+        const __m512i sl16 = _mm512_or_si512(sl32, _mm512_slli_epi32(sl32, 16));  // per 16-bit lane
+        const __m512i sh16 = _mm512_or_si512(sh32, _mm512_slli_epi32(sh32, 16));
+        const __m512i sl2 = _mm512_slli_epi16(_mm512_or_si512(sl16, _mm512_slli_epi16(sl16, 8)), 1);  // 2 sl a byte
+        const __m512i sh2 = _mm512_sub_epi8(_mm512_slli_epi16(_mm512_or_si512(sh16, _mm512_slli_epi16(sh16, 8)), 1),
+                                            _mm512_set1_epi8(16));  // 2 sh a byte
+        const __m512i hbits = _mm512_loadu_si512(b + offset_qh + k_group * 64);
+        for (int q = 0; q < 4; ++q) {
+            const __m512i bytes = _mm512_loadu_si512(b + k_group * 128 + (q / 2) * 64);
+            const __m512i vl = _mm512_and_si512(q % 2 ? _mm512_srli_epi16(bytes, 4) : bytes, low);
+            const __m512i uh = _mm512_and_si512(_mm512_srli_epi16(hbits, 2 * q), three);  // vh + 2
+            const int row = g * 4 + q;  // tile row: values 4 q .. 4 q + 3 of group g, 16 columns
+            _mm512_store_si512((__m512i *)(t0 + row * 64), _mm512_mullo_epi16(vl, sl16));
+            _mm512_store_si512((__m512i *)(t1 + row * 64),
+                               _mm512_sub_epi8(_mm512_mullo_epi16(vl, sh16), _mm512_slli_epi16(vl, 3)));
+            _mm512_store_si512((__m512i *)(t2 + row * 64), _mm512_sub_epi8(_mm512_mullo_epi16(uh, sl16), sl2));
+            _mm512_store_si512((__m512i *)(t3 + row * 64),
+                               _mm512_sub_epi8(_mm512_sub_epi8(_mm512_mullo_epi16(uh, sh16), _mm512_slli_epi16(uh, 3)), sh2));
+        }
+    }
+}
+
+// What the tile driver below needs of a weight type: its packed tile size, how many B tiles a block's column takes
+// (made once, for every group of 16 rows), the tile products of one group, and each row's float work.
+template <typename TB> struct ssr_tile_kind;
+
+template <> struct ssr_tile_kind<block_q4_K> {
+    static constexpr int TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
+    static constexpr int B_TILES = 8;  // 4 chunks of 64 values x (lo, hi)
+    static constexpr int SUMS = 2;     // lo, hi
+    using column = ssr_q4k_column;
+
+    static void make_tiles(int8_t * RESTRICT tiles, const char * RESTRICT b) {
+        for (int c = 0; c < 4; ++c) {
+            ssr_q4k_scaled_tiles(tiles + 2 * c * SSR_TILE_BYTES, tiles + (2 * c + 1) * SSR_TILE_BYTES, b, c);
+        }
+    }
+    static column load_column(const char * RESTRICT b) { return ssr_q4k_load_column(b); }
+
+    // sums[0] = the products with the scales' low bits, sums[1] with their high bits, two chunks at a time on two
+    // sets of tiles
+    static void products(const int8_t * a, int stride, const int8_t * tiles, int32_t (*sums)[256]) {
+        _tile_zero(3);
+        _tile_zero(4);
+        for (int c = 0; c < 4; c += 2) {
+            _tile_loadd(0, a + c * 64, stride);
+            _tile_loadd(1, tiles + (2 * c) * SSR_TILE_BYTES, 64);
+            _tile_loadd(2, tiles + (2 * c + 1) * SSR_TILE_BYTES, 64);
+            _tile_dpbssd(3, 0, 1);
+            _tile_dpbssd(4, 0, 2);
+            _tile_loadd(5, a + (c + 1) * 64, stride);
+            _tile_loadd(6, tiles + (2 * c + 2) * SSR_TILE_BYTES, 64);
+            _tile_loadd(7, tiles + (2 * c + 3) * SSR_TILE_BYTES, 64);
+            _tile_dpbssd(3, 5, 6);
+            _tile_dpbssd(4, 5, 7);
+        }
+        _tile_stored(3, sums[0], 64);
+        _tile_stored(4, sums[1], 64);
+    }
+
+    static __m512 row_out(__m512 vc, const int32_t (*sums)[256], int r, const column & c, const block_q8_K & a) {
+        const __m512i acc = _mm512_add_epi32(_mm512_load_si512((const __m512i *)(sums[0] + r * 16)),
+                                             _mm512_slli_epi32(_mm512_load_si512((const __m512i *)(sums[1] + r * 16)), 3));
+        int32_t bsum_pairs[4];
+        ssr_q4k_bsum_pairs(a, bsum_pairs);
+        return ssr_q4k_block_out(vc, acc, c, _mm512_set1_ps(a.d), bsum_pairs);
+    }
+};
+
+template <> struct ssr_tile_kind<block_q6_K> {
+    static constexpr int TILE_SIZE = TILE_N * sizeof(block_q6_K);
+    static constexpr int B_TILES = 16;  // 4 chunks of 64 values x (t0, t1, t2, t3)
+    static constexpr int SUMS = 3;      // t0; t1 + t2; t3
+    using column = __m512;              // the block's d, 16 columns
+
+    static void make_tiles(int8_t * RESTRICT tiles, const char * RESTRICT b) {
+        for (int c = 0; c < 4; ++c) {
+            int8_t * t = tiles + 4 * c * SSR_TILE_BYTES;
+            ssr_q6k_scaled_tiles(t, t + SSR_TILE_BYTES, t + 2 * SSR_TILE_BYTES, t + 3 * SSR_TILE_BYTES, b, c);
+        }
+    }
+    static column load_column(const char * RESTRICT b) {
+        const int offset_d0 = (QK_K / 2) * TILE_N + (QK_K / 4) * TILE_N + 16 * TILE_N;
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
+    }
+
+    // sums[0] = A x t0 (unsigned weights), sums[1] = A x t1 + A x t2, sums[2] = A x t3: every tile in use
+    static void products(const int8_t * a, int stride, const int8_t * tiles, int32_t (*sums)[256]) {
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_zero(7);
+        for (int c = 0; c < 4; ++c) {
+            const int8_t * t = tiles + 4 * c * SSR_TILE_BYTES;
+            _tile_loadd(0, a + c * 64, stride);
+            _tile_loadd(1, t, 64);
+            _tile_loadd(2, t + SSR_TILE_BYTES, 64);
+            _tile_loadd(5, t + 2 * SSR_TILE_BYTES, 64);
+            _tile_loadd(6, t + 3 * SSR_TILE_BYTES, 64);
+            _tile_dpbsud(3, 0, 1);
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(4, 0, 5);
+            _tile_dpbssd(7, 0, 6);
+        }
+        _tile_stored(3, sums[0], 64);
+        _tile_stored(4, sums[1], 64);
+        _tile_stored(7, sums[2], 64);
+    }
+
+    static __m512 row_out(__m512 vc, const int32_t (*sums)[256], int r, const column & vd0, const block_q8_K & a) {
+        const __m512i acc = _mm512_add_epi32(
+            _mm512_load_si512((const __m512i *)(sums[0] + r * 16)),
+            _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const __m512i *)(sums[1] + r * 16)), 4),
+                             _mm512_slli_epi32(_mm512_load_si512((const __m512i *)(sums[2] + r * 16)), 8)));
+        return ssr_q6k_block_out(vc, acc, vd0, _mm512_set1_ps(a.d));
+    }
+};
+
+// C[r][0..16 cols) = A[r] x B for r < M, B cols packed tile columns of TB from block 0 (tiles configured for 16
 // rows). Each block's scaled weight tiles are made once and serve every group of 16 rows; the rows' float sums
 // accumulate in C from block to block (stored and loaded: the same bits as kept in registers). A last group of
 // fewer than 16 rows reads its activations from a copy padded with zeros.
-inline void ssr_tiles_q4_K(int KB, const block_q8_K * RESTRICT A, int M, const char * RESTRICT B, int cols,
-                           float * RESTRICT C, int ldc) {
-    const int TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
-    const int offset_mins = (QK_K / 2) * TILE_N + 8 * TILE_N;
-    const int offset_d0   = (QK_K / 2) * TILE_N + 16 * TILE_N;
-    const int offset_dmin = offset_d0 + TILE_N * sizeof(ggml_half);
+template <typename TB>
+inline void ssr_tiles(int KB, const block_q8_K * RESTRICT A, int M, const char * RESTRICT B, int cols,
+                      float * RESTRICT C, int ldc) {
+    using kind = ssr_tile_kind<TB>;
     const int lda = KB * sizeof(block_q8_K);
-    constexpr int CHUNK = 16 * 64;  // one B tile: 16 rows of 64 bytes
-    alignas(64) int8_t tiles[8 * CHUNK];  // a block's B tiles: 4 chunks x (lo, hi)
+    alignas(64) int8_t tiles[kind::B_TILES * SSR_TILE_BYTES];
     alignas(64) int8_t padded[16 * QK_K];  // the last group's activations of one block, 16 rows
-    alignas(64) int32_t sum_lo[16 * 16], sum_hi[16 * 16];
+    alignas(64) int32_t sums[kind::SUMS][256];
     for (int i = 0; i < KB; ++i) {  // blocks outer: a block's activations, read for every column, stay in cache
         for (int col = 0; col < cols; ++col) {
-            const char * b = B + PACKED_INDEX(col, i, KB, TILE_SIZE);
-            for (int c = 0; c < 4; ++c) {
-                ssr_q4k_scaled_tiles(tiles + 2 * c * CHUNK, tiles + (2 * c + 1) * CHUNK, b, c);
-            }
-            const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
-            const __m512 vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_dmin)));
-            __m512i vmins[4];
-            for (int k = 0; k < 4; ++k) {
-                vmins[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + offset_mins + k * 32)));
-            }
+            const char * b = B + PACKED_INDEX(col, i, KB, kind::TILE_SIZE);
+            kind::make_tiles(tiles, b);
+            const typename kind::column column = kind::load_column(b);
             for (int m = 0; m < M; m += 16) {
                 const int nr = std::min(16, M - m);
                 const block_q8_K * Am = A + (size_t)m * KB;
@@ -409,42 +557,12 @@ inline void ssr_tiles_q4_K(int KB, const block_q8_K * RESTRICT A, int M, const c
                     }
                 }
                 SSR_TILE_MEMORY();
-                _tile_zero(3);
-                _tile_zero(4);
-                for (int c = 0; c < 4; c += 2) {  // two chunks of 64 values on two sets of tiles
-                    _tile_loadd(0, a + c * 64, stride);
-                    _tile_loadd(1, tiles + (2 * c) * CHUNK, 64);
-                    _tile_loadd(2, tiles + (2 * c + 1) * CHUNK, 64);
-                    _tile_dpbssd(3, 0, 1);
-                    _tile_dpbssd(4, 0, 2);
-                    _tile_loadd(5, a + (c + 1) * 64, stride);
-                    _tile_loadd(6, tiles + (2 * c + 2) * CHUNK, 64);
-                    _tile_loadd(7, tiles + (2 * c + 3) * CHUNK, 64);
-                    _tile_dpbssd(3, 5, 6);
-                    _tile_dpbssd(4, 5, 7);
-                }
-                _tile_stored(3, sum_lo, 64);
-                _tile_stored(4, sum_hi, 64);
+                kind::products(a, stride, tiles, sums);
                 SSR_TILE_MEMORY();
-                // the rows kernel's float operations, row by row, in its order
-                for (int r = 0; r < nr; ++r) {
-                    const block_q8_K & ar = Am[r * KB + i];
+                for (int r = 0; r < nr; ++r) {  // the rows kernel's float work, row by row (the same function)
                     float * out = C + (size_t)(m + r) * ldc + col * 16;
-                    __m512 vc = i == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
-                    const __m512i acc = _mm512_add_epi32(_mm512_load_si512((const __m512i *)(sum_lo + r * 16)),
-                                                         _mm512_slli_epi32(_mm512_load_si512((const __m512i *)(sum_hi + r * 16)), 3));
-                    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)ar.bsums);
-                    const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-                    int32_t bsum_pairs[4];
-                    _mm_storeu_si128((__m128i *)bsum_pairs, q8s);
-                    const __m512 vd1 = _mm512_set1_ps(ar.d);
-                    vc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(vd0, vd1), vc);
-                    __m512i acc_m = _mm512_setzero_si512();
-                    for (int k = 0; k < 4; ++k) {
-                        acc_m = _mm512_dpwssds_epi32(acc_m, _mm512_set1_epi32(bsum_pairs[k]), vmins[k]);
-                    }
-                    vc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(acc_m), _mm512_mul_ps(vdmin, vd1), vc);
-                    _mm512_storeu_ps(out, vc);
+                    const __m512 vc = i == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+                    _mm512_storeu_ps(out, kind::row_out(vc, sums, r, column, Am[r * KB + i]));
                 }
             }
         }
@@ -462,7 +580,8 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
         const int KB = K / BLCK_SIZE;
         const int TILE_SIZE = get_tile_size<TB>();
         const int row_size_A = KB * sizeof(TA);
-        const bool tiles = std::is_same<TB, block_q4_K>::value && M >= ssr_tiles_min();
+        constexpr bool has_tiles = std::is_same<TB, block_q4_K>::value || std::is_same<TB, block_q6_K>::value;
+        const bool tiles = has_tiles && M >= ssr_tiles_min();
         if (tiles) {
             ssr_tiles_configure();
         }
@@ -474,10 +593,10 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
                              + PACKED_INDEX(nb * COLS, 0, KB, TILE_SIZE);
             float * C = (float *)((char *)dst->data + ggml_batch_offset(dst, batch_idx, ne2)) + nb * BLOCK_N;
             int m = 0;
-            if constexpr (std::is_same<TB, block_q4_K>::value) {
+            if constexpr (has_tiles) {
                 if (tiles) {  // groups of 16 rows, the last one the rest where that is at least ssr_tiles_min()
                     m = M % 16 >= ssr_tiles_min() ? M : M / 16 * 16;
-                    ssr_tiles_q4_K(KB, (const block_q8_K *)A, m, B, COLS, C, ldc);
+                    ssr_tiles<TB>(KB, (const block_q8_K *)A, m, B, COLS, C, ldc);
                 }
             }
             for (; m < M; m += ROWS) {

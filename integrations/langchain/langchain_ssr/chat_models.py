@@ -213,6 +213,11 @@ class ChatSSR(BaseChatModel):
     seed: int | None = None
     """Random seed for sampling."""
 
+    cache_salt: str | None = Field(default=None, min_length=1)
+    """vLLM's ``cache_salt``: a call reuses only the cached prompts of calls with the same salt, and its own prompt is
+    kept under it (per tenant or user, where one engine serves several). ``None``: the engine's shared cache. Also
+    per call: ``llm.invoke(..., cache_salt="user-1")``."""
+
     stop: list[str] | None = None
     """Stop strings (applied to the answer). A ``stop`` given per call replaces these."""
 
@@ -383,7 +388,7 @@ class ChatSSR(BaseChatModel):
             if kwargs.get(alias) is not None and kwargs.get("max_tokens") is None:
                 kwargs["max_tokens"] = kwargs[alias]
             kwargs.pop(alias, None)
-        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "cache_salt"):
             value = kwargs.pop(name, None)
             call[name] = value if value is not None else getattr(self, name)
         stop = stop if stop is not None else kwargs.get("stop")

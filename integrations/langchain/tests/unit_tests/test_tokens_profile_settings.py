@@ -160,6 +160,28 @@ def test_cache_read_is_the_reused_prompt_on_the_next_step(tokenizer):
         streamed.response_metadata["ssr"]["reused_prompt_tokens"] > 0
 
 
+def test_cache_salt_scopes_the_cache_read(tokenizer):
+    """vLLM's ``cache_salt``, as a field and per call (the call's replacing the field's): a step reads from the
+    cache only a prompt that an earlier call of its own salt left there."""
+    from scripted import scripted_engine
+
+    engine = scripted_engine(tokenizer, CONFIG, reuse_prefix=True)
+    alice, shared = scripted(engine, "It is sunny.", cache_salt="alice"), ChatSSR(engine=engine)
+    first = alice.invoke([HumanMessage("Weather in Paris?")])
+    nxt = [HumanMessage("Weather in Paris?"), first, HumanMessage("And in Rome?")]
+
+    def cache_read(message: AIMessage) -> int:
+        assert message.usage_metadata["input_token_details"]["cache_read"] == \
+            message.response_metadata["ssr"]["reused_prompt_tokens"]
+        return message.usage_metadata["input_token_details"]["cache_read"]
+
+    assert cache_read(shared.invoke(nxt)) == 0  # alice's prompt is not the unsalted cache's
+    assert cache_read(shared.invoke(nxt, cache_salt="bob")) == 0  # nor is the unsalted prompt bob's
+    assert cache_read(alice.invoke(nxt, cache_salt="bob")) > 0  # bob's, read by a call salted bob
+    with pytest.raises(ValueError):
+        ChatSSR(engine=engine, cache_salt="")
+
+
 # -- the API key, timeout and retries of the server backend -----------------------------------------------------
 
 

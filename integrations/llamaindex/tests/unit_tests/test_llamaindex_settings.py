@@ -14,6 +14,7 @@ import logging
 import pytest
 from llama_index.core.base.llms.types import (
     ChatMessage,
+    ChatResponse,
     MessageRole,
     TextBlock,
     ThinkingBlock,
@@ -147,6 +148,28 @@ def test_cached_tokens_are_the_reused_prompt_on_the_next_step(tokenizer):
     assert usage["completion_tokens_details"]["reasoning_tokens"] == second.additional_kwargs["ssr"]["think_tokens"]
     last = list(llm.stream_chat([*user("6*7?"), first.message, *user("And 6*8?")]))[-1]
     assert last.raw["usage"]["cached_tokens"] == last.additional_kwargs["ssr"]["reused_prompt_tokens"] > 0
+
+
+def test_cache_salt_scopes_the_cached_tokens(tokenizer):
+    """vLLM's ``cache_salt``, as a field and per call (the call's replacing the field's): a step reads from the
+    cache only a prompt that an earlier call of its own salt left there."""
+    from scripted import scripted_engine
+
+    engine = scripted_engine(tokenizer, CONFIG, reuse_prefix=True)
+    engine.backend.set_script("Multiply.", "42")
+    alice, shared = SSR(engine=engine, cache_salt="alice"), SSR(engine=engine)
+    first = alice.chat(user("6*7?"))
+    nxt = [*user("6*7?"), first.message, *user("And 6*8?")]
+
+    def cached(response: ChatResponse) -> int:
+        assert response.raw["usage"]["cached_tokens"] == response.additional_kwargs["ssr"]["reused_prompt_tokens"]
+        return response.raw["usage"]["cached_tokens"]
+
+    assert cached(shared.chat(nxt)) == 0  # alice's prompt is not the unsalted cache's
+    assert cached(shared.chat(nxt, cache_salt="bob")) == 0  # nor is the unsalted prompt bob's
+    assert cached(alice.chat(nxt, cache_salt="bob")) > 0  # bob's, read by a call salted bob
+    with pytest.raises(ValueError):
+        SSR(engine=engine, cache_salt="")
 
 
 # -- the API key and the server backend's timeout ---------------------------------------------------------------

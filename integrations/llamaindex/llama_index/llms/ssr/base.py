@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
 # per-call keyword arguments that go to the engine; anything else LlamaIndex passes along is ignored
-_ENGINE_KWARGS = ("tools", "tool_choice", "config", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+_ENGINE_KWARGS = ("tools", "tool_choice", "config", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                  "cache_salt")
 
 API_KEY_ENV = "SSR_API_KEY"
 """The environment variable ``SSR.api_key`` is read from (the ``vllm-server`` backend's key)."""
@@ -123,6 +124,11 @@ class SSR(FunctionCallingLLM):
     top_k: Optional[int] = Field(default=None, ge=0, description="Top-k sampling (0 disables); None keeps ssr_config's.")
     seed: Optional[int] = Field(default=None, description="Sampling seed; None keeps ssr_config's.")
     stop: Optional[List[str]] = Field(default=None, description="Stop strings; None keeps ssr_config's.")
+    cache_salt: Optional[str] = Field(
+        default=None, min_length=1,
+        description="vLLM's cache_salt: a call reuses only the cached prompts of calls with the same salt, and its "
+        "own prompt is kept under it (per tenant or user); None: the engine's shared cache. Also per call.",
+    )
     thinking: Optional[bool] = Field(
         default=None,
         description="False: answer without thinking (the model's own chat template, no ThinkingBlock); "
@@ -270,6 +276,7 @@ class SSR(FunctionCallingLLM):
         params: Dict[str, Any] = {
             "config": self.ssr_config, "max_tokens": self.max_tokens, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": self.stop,
+            "cache_salt": self.cache_salt,
         }
         if kwargs.get("num_output") is not None and kwargs.get("max_tokens") is None:
             params["max_tokens"] = kwargs["num_output"]
