@@ -1,7 +1,8 @@
 """SSR's C++ additions to llama.cpp (scripts/llama_cpp/), compiled on their own and checked bit for bit against
 what they stand in for: the AMX tile kernels for Q4_K and Q6_K against SSR's rows kernels (which exact mode's
-one-row decodes run), the AVX-512 quantizer against ggml's reference function in the installed libggml-base. The model tests
-(tests/test_llama_cpp.py) check the same through whole decodes; these pin every batch size and edge case.
+one-row decodes run), the AVX-512 quantizer against ggml's reference function in the installed libggml-base. The
+model tests (tests/test_llama_cpp.py) check the same through whole decodes; these pin every batch size and edge
+case.
 
 They skip without g++, without the CPU features the code needs (AVX-512 VNNI; AMX for the tiles), and, for the
 quantizer, without llama-cpp-python."""
@@ -62,7 +63,7 @@ static void fill(block_q6_K *, char * tile) {  // signed 8-bit scales (every val
 }
 
 template <typename TB> int check() {
-    const int N = 256, K = 1536, KB = K / QK_K, TS = ssr_tile_kind<TB>::TILE_SIZE, MMAX = 100;
+    const int N = 256, K = 1536, KB = K / QK_K, TS = ssr_packed<TB>::TILE_SIZE, MMAX = 100;
     char * B = (char *)aligned_alloc(64, (size_t)N / 16 * KB * TS);
     for (size_t i = 0; i < (size_t)N / 16 * KB * TS; ++i) B[i] = rand();
     for (int t = 0; t < N / 16 * KB; ++t) fill((TB *)nullptr, B + (size_t)t * TS);

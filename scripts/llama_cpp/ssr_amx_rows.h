@@ -64,6 +64,19 @@ template <int ROWS, int COLS> void ssr_store(float * RESTRICT C, int ldc, const 
     }
 }
 
+// Byte offsets in ggml's packed AMX tile of one block x 16 columns, per weight type (the one place they are spelt).
+template <typename TB> struct ssr_packed;
+
+template <> struct ssr_packed<block_q4_K> {  // 4-bit values, 6-bit scales, 6-bit mins, f16 d, f16 dmin
+    static constexpr int SCALES = (QK_K / 2) * TILE_N, MINS = SCALES + 8 * TILE_N, D = SCALES + 16 * TILE_N;
+    static constexpr int DMIN = D + TILE_N * sizeof(ggml_half), TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
+};
+
+template <> struct ssr_packed<block_q6_K> {  // low 4 bits, high 2 bits, signed 8-bit scales, f16 d
+    static constexpr int QH = (QK_K / 2) * TILE_N, SCALES = QH + (QK_K / 4) * TILE_N, D = SCALES + 16 * TILE_N;
+    static constexpr int TILE_SIZE = TILE_N * sizeof(block_q6_K);
+};
+
 // A Q4_K block's float work for one row and one tile of 16 columns, shared by the rows kernel and the tile kernel
 // so that both give a row the same bits: the block's integer sum (over groups, scale x dot product) times d x the
 // row's scale added to vc, then the mins' integer sum (over groups, min x the row's bsums) times dmin x the row's
@@ -74,14 +87,12 @@ struct ssr_q4k_column {  // a packed block's per-column constants
 };
 
 inline ssr_q4k_column ssr_q4k_load_column(const char * RESTRICT b) {
-    const int offset_mins = (QK_K / 2) * TILE_N + 8 * TILE_N;
-    const int offset_d0   = (QK_K / 2) * TILE_N + 16 * TILE_N;
-    const int offset_dmin = offset_d0 + TILE_N * sizeof(ggml_half);
+    using P = ssr_packed<block_q4_K>;
     ssr_q4k_column c;
-    c.vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
-    c.vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_dmin)));
+    c.vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + P::D)));
+    c.vdmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + P::DMIN)));
     for (int k = 0; k < 4; ++k) {
-        c.vmins[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + offset_mins + k * 32)));
+        c.vmins[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + P::MINS + k * 32)));
     }
     return c;
 }
@@ -113,11 +124,11 @@ template <typename TB, int ROWS, int COLS> struct ssr_rows_kernel;
 template <int ROWS, int COLS>
 struct ssr_rows_kernel<block_q4_K, ROWS, COLS> {
     static void apply(int KB, const void * RESTRICT _A, const void * RESTRICT _B, float * RESTRICT C, int ldc) {
-        const int TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
+        const int TILE_SIZE = ssr_packed<block_q4_K>::TILE_SIZE;
         const block_q8_K * RESTRICT A = static_cast<const block_q8_K *>(_A);
         const char * RESTRICT B = static_cast<const char *>(_B);
 
-        const int offset_scales = (QK_K / 2) * TILE_N;
+        const int offset_scales = ssr_packed<block_q4_K>::SCALES;
         const __m512i lowMask = _mm512_set1_epi8(0xF);
 
         __m512 vc[ROWS][COLS];
@@ -178,13 +189,13 @@ inline __m512 ssr_q6k_block_out(__m512 vc, __m512i acc, __m512 vd0, __m512 vd1) 
 template <int ROWS, int COLS>
 struct ssr_rows_kernel<block_q6_K, ROWS, COLS> {
     static void apply(int KB, const void * RESTRICT _A, const void * RESTRICT _B, float * RESTRICT C, int ldc) {
-        const int TILE_SIZE = TILE_N * sizeof(block_q6_K);
+        const int TILE_SIZE = ssr_packed<block_q6_K>::TILE_SIZE;
         const block_q8_K * RESTRICT A = static_cast<const block_q8_K *>(_A);
         const char * RESTRICT B = static_cast<const char *>(_B);
 
-        const int offset_qh     = (QK_K / 2) * TILE_N;
-        const int offset_scales = (QK_K / 2) * TILE_N + (QK_K / 4) * TILE_N;
-        const int offset_d0     = (QK_K / 2) * TILE_N + (QK_K / 4) * TILE_N + 16 * TILE_N;
+        const int offset_qh     = ssr_packed<block_q6_K>::QH;
+        const int offset_scales = ssr_packed<block_q6_K>::SCALES;
+        const int offset_d0     = ssr_packed<block_q6_K>::D;
         const __m512i lowMask = _mm512_set1_epi8(0xF);
         const __m512i hmask = _mm512_set1_epi8(0x3);
 
@@ -366,7 +377,7 @@ inline void ssr_q4k_scaled_tiles(int8_t * RESTRICT lo, int8_t * RESTRICT hi, con
     const __m512i seven = _mm512_set1_epi16(7);
     for (int g = 0; g < 2; ++g) {
         const int k_group = 2 * c + g;
-        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (QK_K / 2) * TILE_N + k_group * TILE_N)));
+        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + ssr_packed<block_q4_K>::SCALES + k_group * TILE_N)));
         const __m512i s16 = _mm512_or_si512(s32, _mm512_slli_epi32(s32, 16));
         const __m512i slo = _mm512_and_si512(s16, seven);
         const __m512i shi = _mm512_srli_epi16(s16, 3);
@@ -391,7 +402,7 @@ inline void ssr_q4k_scaled_tiles(int8_t * RESTRICT lo, int8_t * RESTRICT hi, con
 // exact because each true value fits a byte.
 inline void ssr_q6k_scaled_tiles(int8_t * RESTRICT t0, int8_t * RESTRICT t1, int8_t * RESTRICT t2,
                                  int8_t * RESTRICT t3, const char * RESTRICT b, int c) {
-    const int offset_qh = (QK_K / 2) * TILE_N, offset_scales = offset_qh + (QK_K / 4) * TILE_N;
+    const int offset_qh = ssr_packed<block_q6_K>::QH, offset_scales = ssr_packed<block_q6_K>::SCALES;
     const __m512i low = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(0x3);
     for (int g = 0; g < 4; ++g) {
         const int k_group = 4 * c + g;
@@ -419,12 +430,11 @@ inline void ssr_q6k_scaled_tiles(int8_t * RESTRICT t0, int8_t * RESTRICT t1, int
     }
 }
 
-// What the tile driver below needs of a weight type: its packed tile size, how many B tiles a block's column takes
+// What the tile driver below needs of a weight type: how many B tiles a block's column takes
 // (made once, for every group of 16 rows), the tile products of one group, and each row's float work.
 template <typename TB> struct ssr_tile_kind;
 
 template <> struct ssr_tile_kind<block_q4_K> {
-    static constexpr int TILE_SIZE = TILE_N * sizeof(block_q4_K) + TILE_N * 4;
     static constexpr int B_TILES = 8;  // 4 chunks of 64 values x (lo, hi)
     static constexpr int SUMS = 2;     // lo, hi
     using column = ssr_q4k_column;
@@ -467,7 +477,6 @@ template <> struct ssr_tile_kind<block_q4_K> {
 };
 
 template <> struct ssr_tile_kind<block_q6_K> {
-    static constexpr int TILE_SIZE = TILE_N * sizeof(block_q6_K);
     static constexpr int B_TILES = 16;  // 4 chunks of 64 values x (t0, t1, t2, t3)
     static constexpr int SUMS = 3;      // t0; t1 + t2; t3
     using column = __m512;              // the block's d, 16 columns
@@ -479,8 +488,7 @@ template <> struct ssr_tile_kind<block_q6_K> {
         }
     }
     static column load_column(const char * RESTRICT b) {
-        const int offset_d0 = (QK_K / 2) * TILE_N + (QK_K / 4) * TILE_N + 16 * TILE_N;
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + offset_d0)));
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + ssr_packed<block_q6_K>::D)));
     }
 
     // sums[0] = A x t0 (unsigned weights), sums[1] = A x t1 + A x t2, sums[2] = A x t3: every tile in use
@@ -528,7 +536,7 @@ inline void ssr_tiles(int KB, const block_q8_K * RESTRICT A, int M, const char *
     alignas(64) int32_t sums[kind::SUMS][256];
     for (int i = 0; i < KB; ++i) {  // blocks outer: a block's activations, read for every column, stay in cache
         for (int col = 0; col < cols; ++col) {
-            const char * b = B + PACKED_INDEX(col, i, KB, kind::TILE_SIZE);
+            const char * b = B + PACKED_INDEX(col, i, KB, ssr_packed<TB>::TILE_SIZE);
             kind::make_tiles(tiles, b);
             const typename kind::column column = kind::load_column(b);
             for (int m = 0; m < M; m += 16) {
