@@ -40,8 +40,11 @@ class SSRConfig:
     suffix_decoding: bool = True
     suffix_sources: tuple[str, ...] = SUFFIX_SOURCES
     max_suffix_tokens: int = 16
-    suffix_min_match: int = 2
+    suffix_min_match: int = 1
     suffix_min_prob: float = 0.1
+    # a match of n tokens earns at most factor x n proposed tokens (SuffixDecoding's max_spec_factor, 1 in vLLM);
+    # the policy still prices every length by the acceptance measured at that match length (docs/results.md)
+    suffix_max_spec_factor: float = 3.0
     max_verify_tokens: int = 256
     # sampling and stopping
     max_tokens: int = 1024
@@ -89,7 +92,7 @@ class SSRConfig:
             if not ok:
                 raise ValueError(f"SSRConfig: {message}")
 
-        for name in ("temperature", "top_p", "suffix_min_prob"):
+        for name in ("temperature", "top_p", "suffix_min_prob", "suffix_max_spec_factor"):
             need(math.isfinite(getattr(self, name)), f"{name} must be a finite number, got {getattr(self, name)}")
         need(self.max_think_tokens >= 0, f"max_think_tokens must be >= 0, got {self.max_think_tokens}")
         need(0 <= self.min_think_tokens <= self.max_think_tokens,
@@ -102,6 +105,8 @@ class SSRConfig:
         need(self.max_suffix_tokens >= 1, f"max_suffix_tokens must be >= 1, got {self.max_suffix_tokens}")
         need(self.suffix_min_match >= 1, f"suffix_min_match must be >= 1, got {self.suffix_min_match}")
         need(0.0 <= self.suffix_min_prob <= 1.0, f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob}")
+        need(self.suffix_max_spec_factor > 0.0,
+             f"suffix_max_spec_factor must be > 0, got {self.suffix_max_spec_factor}")
         need(self.max_verify_tokens >= 1, f"max_verify_tokens must be >= 1, got {self.max_verify_tokens}")
         unknown = set(self.suffix_sources) - set(SUFFIX_SOURCES)
         need(not unknown, f"unknown suffix_sources {sorted(unknown)}; choose from {', '.join(SUFFIX_SOURCES)}")

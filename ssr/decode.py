@@ -110,7 +110,8 @@ class Decoding:
         cfg = self.config
         if not (cfg.suffix_decoding or cfg.think_speculation or cfg.draft_speculation):
             return None
-        suffix = SuffixSources(cfg.suffix_sources, cfg.max_suffix_tokens, cfg.suffix_min_match, cfg.suffix_min_prob)
+        suffix = SuffixSources(cfg.suffix_sources, cfg.max_suffix_tokens, cfg.suffix_min_match, cfg.suffix_min_prob,
+                               cfg.suffix_max_spec_factor)
         suffix.add_prompt(self.prompt_ids, self.tokenizer, tools)
         if self.history is not None:
             suffix.attach_history(self.history)

@@ -53,9 +53,11 @@ def tail_of(head: list[int], tokens: list[int], size: int = SUFFIX_CONTEXT) -> l
 class SuffixSources:
     """One suffix index over every source the config names; sources grow as lanes write."""
 
-    def __init__(self, sources: tuple[str, ...], max_tokens: int, min_match: int, min_prob: float) -> None:
+    def __init__(self, sources: tuple[str, ...], max_tokens: int, min_match: int, min_prob: float,
+                 spec_factor: float = 1.0) -> None:
         self.sources = sources
         self.max_tokens, self.min_match, self.min_prob = max_tokens, min_match, min_prob
+        self.spec_factor = spec_factor
         self.index = SuffixIndex(max_match=SUFFIX_CONTEXT)
 
     def wants(self, source: str) -> bool:
@@ -88,7 +90,7 @@ class SuffixSources:
         found = self.index.propose(context.tail, min(room, self.max_tokens), min_match=self.min_match,
                                    min_prob=self.min_prob)
         # SuffixDecoding's cap: a short match earns a short proposal; an earlier output ends at its separator
-        tokens = found.tokens[: max(found.match_len, 1)]
+        tokens = found.tokens[: max(int(found.match_len * self.spec_factor), 1)]
         if SEPARATOR in tokens:
             tokens = tokens[: tokens.index(SEPARATOR)]
         if not tokens:

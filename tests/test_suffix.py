@@ -334,3 +334,24 @@ def test_the_escaped_view_needs_tools_and_loses_ties_to_the_raw_prompt(tokenizer
     found = sources.propose(Context(both), room=64)
     assert found is not None and found.source == "prompt"  # the thinking quotes the file raw
     assert tokenizer.decode(found.tokens).startswith("):\n    \"\"\"Ignore")
+
+
+@pytest.mark.parametrize("factor, proposed", [(1.0, 2), (2.5, 5), (3.0, 6), (100.0, 16)])
+def test_a_match_of_n_tokens_proposes_at_most_factor_times_n(factor, proposed):
+    sources = SuffixSources(("prompt",), max_tokens=16, min_match=1, min_prob=0.1, spec_factor=factor)
+    sources.extend("prompt", list(range(40)))
+    found = sources.propose(Context([99, 5, 6]), room=64)  # "5 6" matches: 2 tokens
+    assert found is not None and found.match_len == 2
+    assert found.tokens == list(range(7, 7 + proposed))  # max_tokens bounds the widest
+
+
+def test_the_spec_factor_and_min_match_are_checked():
+    from ssr import SSRConfig
+
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="suffix_max_spec_factor"):
+            SSRConfig(suffix_max_spec_factor=bad)
+    with pytest.raises(TypeError, match="suffix_max_spec_factor"):
+        SSRConfig(suffix_max_spec_factor="3")
+    with pytest.raises(ValueError, match="suffix_min_match"):
+        SSRConfig(suffix_min_match=0)

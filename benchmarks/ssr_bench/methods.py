@@ -39,7 +39,7 @@ PROMPT_LOOKUP_TOKENS = 10
 DESCRIPTIONS = {
     "plain": "plain greedy decoding through the same backend (SSRConfig(enabled=False))",
     "suffix": "peer: suffix decoding everywhere (thinking and answer) over prompt, thinking, own output and earlier "
-              "outputs (SuffixDecoding's global cache), no drafts",
+              "outputs (SuffixDecoding's global cache, its proposal cap: max_spec_factor 1), no drafts",
     "ssr-prefix": "SSR drafts, longest verified prefix only (no suffix proposals anywhere)",
     "ssr": "SSR: drafts + prefix acceptance + suffix proposals from drafts, prompt, thinking, answer, earlier outputs",
     "ssr-iterative": "SSR with a new (bootstrapped) draft every draft_interval thinking tokens",
@@ -78,7 +78,7 @@ def method_config(name: str, base: SSRConfig) -> SSRConfig | None:
         return base.override(enabled=False)
     if name == "suffix":
         return base.override(enabled=True, max_drafts=0, suffix_decoding=True, prefix_accept=False,
-                             suffix_sources=("prompt", "thinking", "answer", "history"))
+                             suffix_sources=("prompt", "thinking", "answer", "history"), suffix_max_spec_factor=1.0)
     if name == "ssr-prefix":
         return base.override(enabled=True, suffix_decoding=False, prefix_accept=True, max_drafts=max(base.max_drafts, 1),
                              think_speculation=False, draft_speculation=False)

@@ -477,6 +477,8 @@ def _write_meta(run: BenchRun, engine, methods: list[str], projection: CostTable
     }
     if projection is not None:  # the table the policy priced with (its name and device in its meta)
         meta["projection"] = {"spec": run.costs, **projection.to_dict()}
+    elif isinstance(getattr(engine, "costs", None), CostTable):  # for ``ssr_bench.policy_replay``
+        meta["costs"] = engine.costs.to_dict()
     try:
         import torch
 
