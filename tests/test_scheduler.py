@@ -266,14 +266,25 @@ def test_a_failing_pass_fails_only_its_requests():
     expected = alone([(p1, c1), (p2, c2)])
     stream = e.stream(p1, config=c1)
     next(stream)
+    # the failing request's lanes, known by its prompt when it opens them (a feed's tokens would not do: another
+    # request's verify feed may hold the same tokens)
+    failing: set[int] = set()
+    open_lane = e.backend.new_lane
+
+    def new_lane(prefix=None, salt=None):
+        lane = open_lane(prefix, salt)
+        if prefix == [7, 7, 7]:
+            failing.add(lane)
+        return lane
 
     def hook(feeds):
-        if any(feed == [7, 7, 7] for feed in feeds.values()):
+        if failing & set(feeds):
             raise RuntimeError("injected backend failure")
 
-    e.backend.hook = hook
+    e.backend.new_lane, e.backend.hook = new_lane, hook
     with pytest.raises(RuntimeError, match="injected"):
         e.generate([7, 7, 7], config=c2)
+    failing.clear()  # its lanes are freed: their ids may serve the next request
     assert [ev.result.token_ids for ev in stream if ev.kind == "done"][0] == expected[0]
     assert e.generate(p2, config=c2).token_ids == expected[1]
     assert settled(e)
