@@ -22,15 +22,16 @@ def _split(values: list[str] | None) -> list[str]:
     return [s.strip() for v in values or [] for s in v.split(",") if s.strip()]
 
 
-def backend_kwargs(pairs: list[str]) -> dict:
-    """``["max_model_len=4096", "enforce_eager=true", "dtype=float32"]`` -> keyword arguments."""
+def backend_kwargs(pairs: list[str], option: str = "--backend-arg") -> dict:
+    """``["max_model_len=4096", "enforce_eager=true", "dtype=float32"]`` -> keyword arguments (values as JSON where
+    they parse); ``option``: the flag that gave them, for the error."""
     import json
 
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"--backend-arg wants KEY=VALUE, got {pair!r}")
+            raise SystemExit(f"{option} wants KEY=VALUE, got {pair!r}")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -32,18 +32,18 @@ from ssr.costs import CostTable
 from ssr.models import tokenizer_and_family
 
 from . import agent
+from .cli import backend_kwargs
 from .methods import PLAIN, run_engine
+from .runner import RESULTS, load_records
 from .suites import load_suite
 
 
-def recorded_sequences(records: list[dict[str, Any]], tokenizer, family) -> dict[tuple[int, ...], int]:
+def recorded_sequences(records: list[dict[str, Any]], items: dict[str, dict[str, Any]], tokenizer,
+                       family) -> dict[tuple[int, ...], int]:
     """Every sequence plain decoding extended in the run, mapped to the token it wrote next (an agent task's steps
-    from their recorded prompts; another suite's items from their prompts encoded again)."""
-    plain = [r for r in records if r["method"] == PLAIN]
-    items = {} if not plain or plain[0]["suite"] == "agent" else {
-        it["id"]: it for it in load_suite(plain[0]["suite"])}
+    from their recorded prompts; another suite's ``items`` from their prompts encoded again)."""
     nexts: dict[tuple[int, ...], int] = {}
-    for record in plain:
+    for record in (r for r in records if r["method"] == PLAIN):
         if record["suite"] == "agent":
             at, turns = 0, []
             for step in record["steps"]:
@@ -72,7 +72,6 @@ class ReplayBackend(Backend):
         self.vocab_size = len(tokenizer)
         self.context_window = 32768
         self.eos_token_ids = stop_token_ids(tokenizer)
-        self.unseen_rows = 0  # rows whose sequence no recorded output passed through
 
     def _open(self, parent: Lane | None) -> Lane:
         return Lane()
@@ -89,11 +88,7 @@ class ReplayBackend(Backend):
             rows = (want or {}).get(lane, len(feed))
             logits = torch.full((rows, self.vocab_size), -30.0)
             for row, end in enumerate(range(len(seq) - rows + 1, len(seq) + 1)):
-                token = self.nexts.get(tuple(seq[:end]))
-                if token is None:
-                    self.unseen_rows += 1
-                    token = min(self.eos_token_ids)
-                logits[row, token] = 30.0
+                logits[row, self.nexts.get(tuple(seq[:end]), min(self.eos_token_ids))] = 30.0
             out[lane] = logits
         return out
 
@@ -107,6 +102,7 @@ class Replay:
     pass_shapes: Counter
     steps: float  # the passes priced by the cost table, in one-token steps
     prefill_steps: float  # ... the requests' prefill passes alone (the same in every setting)
+    base_seconds: float  # the table's one-token step
 
     @property
     def decode_steps(self) -> float:
@@ -118,19 +114,19 @@ def replay(run_dir: str | Path, method: str = "ssr", costs: CostTable | None = N
     """Replay ``method``'s items of the run in ``run_dir`` (its results.jsonl, in the run's order, each with the
     config it ran with, changed by ``overrides``), priced by ``costs`` (default: the run's own table, meta.json)."""
     run_dir = Path(run_dir)
-    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    records = load_records(run_dir / RESULTS)
     if costs is None:
         meta = json.loads((run_dir / "meta.json").read_text())
         if "costs" not in meta:
             raise ValueError(f"{run_dir}/meta.json holds no cost table (runs before 2026-12-06 night): pass one")
         costs = CostTable.from_dict(meta["costs"])
-    tokenizer, family = tokenizer_and_family(records[0]["model"])
-    nexts = recorded_sequences(records, tokenizer, family)
-    plain = {r["item"]: r["token_ids"] for r in records if r["method"] == PLAIN}
     mine = [r for r in records if r["method"] == method][:n]
     if not mine:
         raise ValueError(f"{run_dir} has no items of method {method!r}")
+    tokenizer, family = tokenizer_and_family(records[0]["model"])
     items = {} if mine[0]["suite"] == "agent" else {it["id"]: it for it in load_suite(mine[0]["suite"])}
+    nexts = recorded_sequences(records, items, tokenizer, family)
+    plain = {r["item"]: r["token_ids"] for r in records if r["method"] == PLAIN}
     engine = SSREngine(ReplayBackend(tokenizer, nexts), tokenizer, family=family, model_name=records[0]["model"],
                        costs=costs)
     shapes: Counter = Counter()
@@ -155,7 +151,7 @@ def replay(run_dir: str | Path, method: str = "ssr", costs: CostTable | None = N
                 prefill += costs(1, max(s["prompt_tokens"] - s.get("reused_prompt_tokens", 0), 1))
     finally:
         engine.close()
-    return Replay(len(mine), tokens, differing, passes, shapes, costs.price(dict(shapes)), prefill)
+    return Replay(len(mine), tokens, differing, passes, shapes, costs.price(dict(shapes)), prefill, costs.base_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,17 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an SSRConfig field changed for the replay (value as JSON), repeatable")
     args = parser.parse_args(argv)
-    overrides = {}
-    for assignment in args.set:
-        name, _, value = assignment.partition("=")
-        overrides[name] = json.loads(value)
+    overrides = backend_kwargs(args.set, "--set")
     costs = CostTable.from_dict(json.loads(Path(args.costs).read_text())) if args.costs else None
     result = replay(args.run_dir, args.method, costs, args.n, **overrides)
-    table = costs or CostTable.from_dict(json.loads((Path(args.run_dir) / "meta.json").read_text())["costs"])
     print(json.dumps({"method": args.method, "set": overrides, "items": result.items, "tokens": result.tokens,
                       "differing": result.differing, "passes": result.passes,
                       "decode_steps": round(result.decode_steps, 1), "prefill_steps": round(result.prefill_steps, 1),
-                      "decode_seconds": round(result.decode_steps * table.base_seconds, 1),
+                      "decode_seconds": round(result.decode_steps * result.base_seconds, 1),
                       "shapes": dict(result.pass_shapes.most_common(12))}))
     return 1 if result.differing else 0
 
