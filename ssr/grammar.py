@@ -242,19 +242,22 @@ class Constraint:
         forbids at -inf. Where no allowed token has a score (a backend that returns only its top-k scores), the
         allowed tokens score alike (one token forced by the grammar is then taken; none allowed: EOS). The walk stops
         at the first proposed token the grammar rejects: verification rejects it there, so later rows are never
-        read."""
+        read. The proposal is walked on a copy of the matcher: the lane's own matcher consumes committed tokens
+        only, as plain decoding's does (llguidance 1.9's ``rollback`` after a walk left a matcher that later refused
+        what a fresh one accepts: a replayed agent step lost a `",` plain decoding wrote)."""
         import llguidance.torch as llt
 
         self.sync(answer)
         out = rows.clone()
         bitmask = llt.allocate_token_bitmask(1, self.grammars.vocab_size)
-        broken, walked = self.broken is not None, 0
+        walker = self.matcher.deep_copy() if proposal and self.broken is None else self.matcher
+        broken = self.broken is not None
         for i in range(out.shape[0]):
             allowed = torch.zeros(out.shape[1], dtype=torch.bool, device=out.device)
-            if broken or self.matcher.is_stopped():  # left the grammar, or complete: only EOS
+            if broken or walker.is_stopped():  # left the grammar, or complete: only EOS
                 allowed[self.grammars.eos_ids] = True
             else:
-                llt.fill_next_token_bitmask(self.matcher, bitmask, 0)
+                llt.fill_next_token_bitmask(walker, bitmask, 0)
                 bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:out.shape[1]]
                 allowed = torch.from_numpy(bits.view(np.bool_)).to(out.device)
             out[i].masked_fill_(~allowed, float("-inf"))
@@ -262,10 +265,6 @@ class Constraint:
                 out[i, allowed if allowed.any() else self.grammars.eos_ids] = 0.0
             if i == len(proposal) or broken or not torch.isfinite(out[i, proposal[i]]):
                 break  # verification stops here: the token is rejected (or the walk is over)
-            if self.matcher.try_consume_tokens(proposal[i: i + 1]) == 1:
-                walked += 1
-            else:  # allowed by the mask, refused by the parser: what ``take`` finds when it is committed
-                broken = True
-        if walked and not self.matcher.rollback(walked):
-            raise RuntimeError(f"grammar rollback failed: {self.matcher.get_error()}")
+            if walker.try_consume_tokens(proposal[i: i + 1]) != 1:
+                broken = True  # allowed by the mask, refused by the parser: what ``take`` finds when it is committed
         return out

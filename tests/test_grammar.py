@@ -125,6 +125,30 @@ def test_padding_ids_are_never_allowed_and_a_verify_walk_leaves_no_trace(qwen):
     assert torch.equal(torch.isfinite(after_city), allowed[1])
 
 
+def test_a_walked_proposal_leaves_the_lane_matcher_as_plain_decoding_has_it(qwen):
+    """A proposal walked through the rows (a read_file call) and refused must not bend what the lane's matcher
+    allows after the call written instead (a write_file call): llguidance 1.9's rollback of such a walk left a
+    matcher that refused the `",` closing "path" there (found replaying an agent step), so walks run on a copy."""
+    tokenizer, grammars = qwen
+    text = {"type": "string"}
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+                 "type": "object", "properties": {"path": text}, "required": ["path"]}}},
+             {"type": "function", "function": {"name": "write_file", "parameters": {
+                 "type": "object", "properties": {"path": text, "content": text}, "required": ["path", "content"]}}}]
+    grammar = grammars.compile(tool_call_grammar(tools, "auto"))
+    head = tokenizer.encode("I fix it.\n```json", add_special_tokens=False)
+    proposal = tokenizer.encode('\n{"name": "read_file", "arguments": {"path": "', add_special_tokens=False)
+    call = '\n{"name": "write_file", "arguments": {"path": "a'
+    written = tokenizer.encode("I fix it.\n```json" + call, add_special_tokens=False)
+    lane, plain = grammar.constraint(), grammar.constraint()
+    walked = lane.rows(torch.zeros(len(proposal) + 1, 151936), head, proposal)
+    assert all(torch.isfinite(walked[i, t]) for i, t in enumerate(proposal))  # the whole call was walked
+    after = lane.rows(torch.zeros(1, 151936), written, [])[0]
+    plain.sync(written)
+    assert torch.equal(torch.isfinite(after), torch.isfinite(plain.rows(torch.zeros(1, 151936), written, [])[0]))
+    assert torch.isfinite(after[tokenizer.encode('",', add_special_tokens=False)[0]])
+
+
 # -- exactness on tiny models -----------------------------------------------------------------------------------------
 
 TINY_SCHEMA = {"type": "object", "properties": {"ab": {"enum": ["ab", "hz"]}, "name": {"type": "string"}},
