@@ -43,7 +43,7 @@ class SSRConfig:
     suffix_min_match: int = 1
     suffix_min_prob: float = 0.1
     # a match of n tokens earns at most factor x n proposed tokens (SuffixDecoding's max_spec_factor, 1 in vLLM);
-    # the policy still prices every length by the acceptance measured at that match length (docs/results.md)
+    # the policy still prices each token by the acceptance counted at its match length and support (ssr/policy.py)
     suffix_max_spec_factor: float = 3.0
     max_verify_tokens: int = 256
     # sampling and stopping

@@ -190,8 +190,7 @@ class Decoding:
             self.policy.counts.record_found("think" if t.thinking else "answer", found is not None)
         if found is None:
             return Proposal([], "none")
-        proposal = found.cut(self.policy.proposal_length(rows, found.source, found.match_len, len(found.tokens),
-                                                         self.shared))
+        proposal = found.cut(self.policy.proposal_length(rows, found, self.shared))
         if not proposal.tokens and self._declined is None:  # learn what verifying it would have accepted
             self._declined, self._declined_at = found.cut(DECLINED_SCORED), len(t.tokens)
         return proposal
@@ -209,8 +208,7 @@ class Decoding:
         if len(t.tokens) < self._declined_at:  # a rewind took the text back: nothing to score
             self._declined = None
         elif run < len(got) or len(got) == len(declined.tokens):
-            self.policy.counts.record(declined.source, declined.match_len, len(declined.tokens), run,
-                                      phase="think" if t.thinking else "answer")
+            self.policy.counts.record(declined, run, phase="think" if t.thinking else "answer")
             self._declined = None
 
     def _lane_feed(self, proposal: Proposal) -> tuple[dict[int, list[int]], dict[int, int]]:
@@ -244,8 +242,7 @@ class Decoding:
             phase.end(f"close:{t.closed_by}" if status == Status.CLOSED else
                       f"finish:{t.finish.reason}" if status == Status.FINISHED and t.finish else str(status))
         if proposal.tokens:
-            self.policy.counts.record(proposal.source, proposal.match_len, len(proposal.tokens), accepted,
-                                      phase="answer" if phase is self.counts.answer else "think")
+            self.policy.counts.record(proposal, accepted, phase="answer" if phase is self.counts.answer else "think")
             if phase is self.counts.answer:
                 self._credit_answer(proposal, taken, whole=accepted == len(proposal.tokens) == taken, bonus=token)
             else:

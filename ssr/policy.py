@@ -1,10 +1,15 @@
 """How far to speculate: proposal lengths and draft forks chosen from the measured step costs and acceptance rates.
 
-A proposal of ``k`` tokens whose tokens are each accepted with probability ``a`` yields on average
-``1 + a + ... + a^k`` tokens per pass (the verifier always adds one of its own). The step that verifies it costs
-``costs(rows, k + 1)`` against ``costs(rows, 1)`` for a plain step, so the policy proposes the ``k`` that maximises
-tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Acceptance rates are counted online
-per source and match length, engine-wide, so a later request prices its proposals with what earlier ones saw.
+A proposal's ``i``-th token is accepted, when the ones before it were, with a rate counted online for tokens like it
+(``token_key``): its source, the length of the match that proposed it and, for the suffix index's tokens, their
+``Support`` there: the share of the context's continuations that were this token and how often the context
+continued. A token is counted with its share as prior, so a fork in the source text is doubted before anything is
+measured (replayed agent steps: tokens that were all of their context's continuations passed 86% of the time, those
+that were under 40% of them 8%; docs/results.md). So a proposal of ``k`` tokens yields on average
+``1 + r1 + r1 r2 + ... + r1...rk`` tokens per pass (the verifier always adds one of its own). The step that verifies
+it costs ``costs(rows, k + 1)`` against ``costs(rows, 1)`` for a plain step, so the policy proposes the ``k`` that
+maximises tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Counts are engine-wide, so a
+later request prices its proposals with what earlier ones saw.
 
 A draft lane adds a row to every thinking pass, padded to the tokens the thinking lane verifies in it, until the
 thinking ends. It is priced over the thinking expected to remain (the mean of what earlier requests thought beyond
@@ -26,15 +31,23 @@ in the width others already pad to is nearly free, and one that widens the step 
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .costs import CostTable
+from .suffix import Support
+
+if TYPE_CHECKING:
+    from .proposals import Proposal
 
 PRIOR_RATE = 0.6  # per-token acceptance assumed before anything was measured
 PRIOR_WEIGHT = 4.0  # ... worth this many observed positions
 PRIOR_DRAFT_YIELD = 0.5  # share of draft tokens the answer accepts, before any draft was scored
 PRIOR_FOUND = 0.5  # share of a phase's passes where a source has a proposal, before any pass was counted
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # match lengths are counted in buckets: <=1, <=2, <=4, <=8, <=16, more
+SHARE_BUCKETS = (0.4, 0.7, 0.999)  # a suffix token's share of its context's continuations: <0.4, <0.7, <1, all
+SEEN_BUCKETS = (1, 3)  # how often its context continued in the source: once, 2-3 times, more
 THINK_LENGTHS_KEPT = 64  # the newest requests' thinking lengths, for the thinking expected to remain
 
 
@@ -43,19 +56,21 @@ def source_kind(source: str) -> str:
     return "draft" if source.startswith("draft:") else source
 
 
-def _bucket(match_len: int) -> int:
-    for i, top in enumerate(MATCH_BUCKETS):
-        if match_len <= top:
-            return i
-    return len(MATCH_BUCKETS)
+def token_key(source: str, match_len: int, support: Support | None) -> tuple:
+    """What a proposed token's acceptance is counted under: its source kind, the bucket of the match that proposed
+    it and, for a suffix token, the buckets of its support there."""
+    key: tuple = (source_kind(source), bisect_left(MATCH_BUCKETS, match_len))
+    if support is None:
+        return key
+    return (*key, bisect_right(SHARE_BUCKETS, support.share), bisect_left(SEEN_BUCKETS, support.seen))
 
 
 @dataclass
 class AcceptanceCounts:
-    """Positions verified and tokens accepted, per (source kind, match-length bucket); and draft yield."""
+    """Proposed tokens verified and accepted, per ``token_key``; per phase; and draft yield."""
 
-    tried: dict[tuple[str, int], float] = field(default_factory=dict)
-    accepted: dict[tuple[str, int], float] = field(default_factory=dict)
+    tried: dict[tuple, float] = field(default_factory=dict)
+    accepted: dict[tuple, float] = field(default_factory=dict)
     phase_tried: dict[str, float] = field(default_factory=dict)  # per phase ("think", "answer"), suffix sources
     phase_accepted: dict[str, float] = field(default_factory=dict)
     phase_passes: dict[str, float] = field(default_factory=dict)  # per phase, passes that looked for a proposal
@@ -64,24 +79,33 @@ class AcceptanceCounts:
     draft_accepted: int = 0
     think_lengths: list[int] = field(default_factory=list)  # thinking tokens of the newest requests that thought
 
-    def rate(self, source: str, match_len: int) -> float:
-        key = (source_kind(source), _bucket(match_len))
-        return ((self.accepted.get(key, 0.0) + PRIOR_RATE * PRIOR_WEIGHT)
-                / (self.tried.get(key, 0.0) + PRIOR_WEIGHT))
+    @staticmethod
+    def _tokens(proposal: Proposal) -> list[tuple[tuple, float]]:
+        """Each proposed token's key and prior: its share in the source, ``PRIOR_RATE`` where it has no support."""
+        if proposal.support:
+            return [(token_key(proposal.source, proposal.match_len, s), s.share) for s in proposal.support]
+        return [(token_key(proposal.source, proposal.match_len, None), PRIOR_RATE)] * len(proposal.tokens)
+
+    def rates(self, proposal: Proposal) -> list[float]:
+        """Each proposed token's rate of acceptance, given that the tokens before it passed."""
+        return [(self.accepted.get(key, 0.0) + prior * PRIOR_WEIGHT) / (self.tried.get(key, 0.0) + PRIOR_WEIGHT)
+                for key, prior in self._tokens(proposal)]
 
     def phase_rate(self, phase: str) -> float:
         return ((self.phase_accepted.get(phase, 0.0) + PRIOR_RATE * PRIOR_WEIGHT)
                 / (self.phase_tried.get(phase, 0.0) + PRIOR_WEIGHT))
 
-    def record(self, source: str, match_len: int, proposed: int, accepted: int, phase: str | None = None) -> None:
-        """``accepted`` of ``proposed`` tokens passed: that is ``accepted`` successes in ``min(accepted + 1,
-        proposed)`` positions tried (a geometric run). ``phase``: also count it for that phase's suffix rate."""
-        if proposed <= 0:
+    def record(self, proposal: Proposal, accepted: int, phase: str | None = None) -> None:
+        """``accepted`` of the proposal's tokens passed: each of those was tried and accepted, the one after them
+        (if any) tried and refused; the rest were never tried. ``phase``: also count it for that phase's suffix
+        rate."""
+        if not proposal.tokens:
             return
-        key, tried = (source_kind(source), _bucket(match_len)), min(accepted + 1, proposed)
-        self.tried[key] = self.tried.get(key, 0.0) + tried
-        self.accepted[key] = self.accepted.get(key, 0.0) + accepted
-        if phase is not None and source not in ("prefix", "bootstrap"):
+        tried = min(accepted + 1, len(proposal.tokens))
+        for i, (key, _) in enumerate(self._tokens(proposal)[:tried]):
+            self.tried[key] = self.tried.get(key, 0.0) + 1
+            self.accepted[key] = self.accepted.get(key, 0.0) + (i < accepted)
+        if phase is not None and proposal.source not in ("prefix", "bootstrap"):
             self.phase_tried[phase] = self.phase_tried.get(phase, 0.0) + tried
             self.phase_accepted[phase] = self.phase_accepted.get(phase, 0.0) + accepted
 
@@ -136,16 +160,15 @@ class SpeculationPolicy:
         self.costs = costs
         self.counts = counts or AcceptanceCounts()
 
-    def proposal_length(self, rows: int, source: str, match_len: int, available: int,
-                        shared: Shared = ALONE) -> int:
-        """How many of ``available`` proposed tokens to verify in a step with ``rows`` lanes of this request and
-        ``shared`` of others (0: none)."""
-        if available <= 0:
-            return 0
-        rate = self.counts.rate(source, match_len)
+    def proposal_length(self, rows: int, proposal: Proposal, shared: Shared = ALONE) -> int:
+        """How many of the proposal's tokens to verify in a step with ``rows`` lanes of this request and ``shared``
+        of others (0: none)."""
         best_k, best = 0, (shared.requests + 1.0) / self._step(rows, 1, shared)
-        for k in range(1, available + 1):
-            value = (shared.requests + expected_tokens(rate, k)) / self._step(rows, k + 1, shared)
+        expected, run = 1.0, 1.0  # tokens a pass yields verifying the first k; the chance all k pass
+        for k, rate in enumerate(self.counts.rates(proposal), 1):
+            run *= rate
+            expected += run
+            value = (shared.requests + expected) / self._step(rows, k + 1, shared)
             if value > best * (1 + 1e-9):
                 best_k, best = k, value
         return best_k

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .history import SEPARATOR, OutputHistory
 from .schema import SchemaProposer
-from .suffix import SuffixIndex
+from .suffix import SuffixIndex, Support
 
 SUFFIX_CONTEXT = 32  # tokens of a lane's tail matched against the suffix index
 
@@ -25,9 +25,11 @@ class Proposal:
     source: str  # "prefix", "schema", "prompt", "prompt-json", "thinking", "answer", "draft:<i>", "bootstrap"
     match_len: int = 0  # how long a context tail the source matched (suffix sources)
     probs: list | None = None  # the draft's own distributions (dense or ``ssr.accept.Compact``); None: point masses
+    support: list[Support] | None = None  # suffix sources: each token's share and count in its source
 
     def cut(self, k: int) -> "Proposal":
-        return Proposal(self.tokens[:k], self.source, self.match_len, None if self.probs is None else self.probs[:k])
+        return Proposal(self.tokens[:k], self.source, self.match_len, None if self.probs is None else self.probs[:k],
+                        None if self.support is None else self.support[:k])
 
 
 @dataclass
@@ -95,7 +97,7 @@ class SuffixSources:
             tokens = tokens[: tokens.index(SEPARATOR)]
         if not tokens:
             return None
-        return Proposal(tokens, found.source or "", found.match_len)
+        return Proposal(tokens, found.source or "", found.match_len, support=found.support[:len(tokens)])
 
 
 class DraftPrefix:

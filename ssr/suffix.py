@@ -23,7 +23,9 @@ Design
   the last ``<= max_match`` tokens of that string: count(window + token) / number of occurrences of window that are
   followed by a token. This is the exact empirical probability while the string fits in ``max_match`` tokens and an
   order-``max_match`` Markov estimate beyond. We take the most frequent candidate (ties: the most recent occurrence)
-  and stop when its probability is below ``min_prob``, where the source ran out, or at ``max_tokens``.
+  and stop when its probability is below ``min_prob``, where the source ran out, or at ``max_tokens``. Each proposed
+  token carries that probability and the count it was estimated from (its ``Support``): the speculation policy
+  prices each token's acceptance by them.
 * **Which match.** The match is the longest suffix of the context (``min_match <= len <= max_match``) that occurs in
   a source *followed by at least one token*: the text being generated is usually itself a source, where its own
   tail always matches at the very end with nothing to propose. Among equally long matches we prefer the source
@@ -35,8 +37,17 @@ Design
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Support:
+    """The evidence for one proposed token: the share of the source's continuations of its context (the window
+    before it) that were this token, and how many continuations of that context the source holds."""
+
+    share: float
+    seen: int
 
 
 @dataclass
@@ -44,6 +55,7 @@ class Proposal:
     tokens: list[int]  # proposed continuation (may be empty)
     source: str | None  # name of the source the continuation came from ("prompt", "thinking", "draft:0", ...)
     match_len: int  # length of the matched tail
+    support: list[Support] = field(default_factory=list, compare=False)  # one a token (not what is proposed)
 
 
 class Automaton:
@@ -132,23 +144,28 @@ class Automaton:
         """Occurrences of the strings of ``state`` that are followed by a token (the one at the end is not)."""
         return self.cnt[state] - (self.lastpos[state] == len(self.tokens) - 1)
 
-    def continuation(self, state: int, length: int, max_tokens: int, min_prob: float) -> list[int]:
-        """Greedy most-frequent continuation of the string (state, length), stopping when it gets unlikely."""
+    def continuation(self, state: int, length: int, max_tokens: int,
+                     min_prob: float) -> tuple[list[int], list[Support]]:
+        """Greedy most-frequent continuation of the string (state, length), stopping when it gets unlikely; each
+        token's support."""
         nxt, link, lens, cnt, lastpos, cap = self.next, self.link, self.length, self.cnt, self.lastpos, self.max_match
         out: list[int] = []
+        support: list[Support] = []
         full, win, wl = state, state, length  # the whole string so far; its last <= max_match tokens
         while len(out) < max_tokens and nxt[full]:
             wnext = nxt[win]
             best = max(nxt[full], key=lambda t: (cnt[wnext[t]], lastpos[wnext[t]]))
-            if cnt[wnext[best]] < min_prob * self.continued(win):
+            seen = self.continued(win)
+            if cnt[wnext[best]] < min_prob * seen:
                 break
             out.append(best)
+            support.append(Support(cnt[wnext[best]] / max(seen, 1), seen))
             full, win, wl = nxt[full][best], wnext[best], wl + 1
             if wl > cap:
                 wl = cap
                 if lens[link[win]] >= cap:
                     win = link[win]
-        return out
+        return out, support
 
 
 class SuffixIndex:
@@ -223,4 +240,5 @@ class SuffixIndex:
         if best is None:
             return Proposal([], None, 0)
         name, automaton, state, length = best
-        return Proposal(automaton.continuation(state, length, max_tokens, min_prob), name, length)
+        tokens, support = automaton.continuation(state, length, max_tokens, min_prob)
+        return Proposal(tokens, name, length, support)

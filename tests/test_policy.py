@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 
 from ssr.costs import CostTable
-from ssr.policy import AcceptanceCounts, SpeculationPolicy, expected_tokens
+from ssr.policy import AcceptanceCounts, SpeculationPolicy, expected_tokens, token_key
+from ssr.proposals import Proposal
+from ssr.suffix import Support
 
 # an Intel-like float32 table from DESIGN.md: extra lanes nearly free, verified tokens not
 INTEL = CostTable(rows=(1, 2, 3), widths=(1, 4, 8, 16), cost=((1.0, 2.09, 2.54, 2.91), (1.03, 2.2, 2.7, 3.1),
                                                                (1.09, 2.4, 2.9, 3.3)))
 BF16 = CostTable(rows=(1, 2, 3), widths=(1, 4, 8, 16), cost=((1.0, 1.08, 1.11, 1.16), (1.0, 1.1, 1.14, 1.2),
                                                               (1.03, 1.12, 1.16, 1.22)))
+
+
+def _prop(source: str, match_len: int, n: int, support: list[Support] | None = None) -> Proposal:
+    """A proposal of ``n`` tokens from ``source``, matched over ``match_len`` tokens."""
+    return Proposal(list(range(n)), source, match_len, support=support)
 
 
 def test_expected_tokens():
@@ -23,11 +30,11 @@ def test_expected_tokens():
 def test_nothing_pays_on_a_linear_table_and_everything_on_a_flat_one():
     counts = AcceptanceCounts()
     for _ in range(50):
-        counts.record("prompt", 8, 8, 8)  # a source that is always right
+        counts.record(_prop("prompt", 8, 16), 16)  # a source that is always right
     linear, flat = SpeculationPolicy(CostTable.linear(), counts), SpeculationPolicy(CostTable.flat(), counts)
-    assert all(linear.proposal_length(rows, "prompt", 8, 16) == 0 for rows in (1, 2, 3))
+    assert all(linear.proposal_length(rows, _prop("prompt", 8, 16)) == 0 for rows in (1, 2, 3))
     assert not linear.fork_pays(1)
-    assert flat.proposal_length(1, "prompt", 8, 16) == 16
+    assert flat.proposal_length(1, _prop("prompt", 8, 16)) == 16
     assert flat.fork_pays(1) and flat.fork_pays(3)
 
 
@@ -35,14 +42,15 @@ def test_lengths_follow_the_table_and_the_acceptance_rate():
     counts = AcceptanceCounts()
     intel, bf16 = SpeculationPolicy(INTEL, counts), SpeculationPolicy(BF16, counts)
     # prior rate 0.6: a float32 pass of 4 tokens costs 2.09 steps for ~2.3 tokens, in bf16 1.08 steps
-    k_float32, k_bf16 = intel.proposal_length(1, "prompt", 8, 16), bf16.proposal_length(1, "prompt", 8, 16)
+    proposal = _prop("prompt", 8, 16)
+    k_float32, k_bf16 = intel.proposal_length(1, proposal), bf16.proposal_length(1, proposal)
     assert 0 < k_float32 < 4 <= k_bf16
     for _ in range(200):
-        counts.record("thinking", 2, 4, 0)  # short matches in the thinking never pass
-        counts.record("prefix", 0, 16, 16)  # drafts that always pass
-    assert intel.proposal_length(1, "thinking", 2, 16) == 0 and bf16.proposal_length(1, "thinking", 2, 16) == 0
-    assert intel.proposal_length(1, "prefix", 0, 16) == 16
-    assert intel.proposal_length(1, "thinking", 20, 16) > 0  # long matches are counted apart: still the prior
+        counts.record(_prop("thinking", 2, 4), 0)  # short matches in the thinking never pass
+        counts.record(_prop("prefix", 0, 16), 16)  # drafts that always pass
+    assert intel.proposal_length(1, _prop("thinking", 2, 16)) == 0 == bf16.proposal_length(1, _prop("thinking", 2, 16))
+    assert intel.proposal_length(1, _prop("prefix", 0, 16)) == 16
+    assert intel.proposal_length(1, _prop("thinking", 20, 16)) > 0  # long matches are counted apart: the prior
 
 
 def test_forks_pay_where_an_extra_lane_costs_less_than_what_drafts_save():
@@ -55,15 +63,15 @@ def test_forks_pay_where_an_extra_lane_costs_less_than_what_drafts_save():
     # then costs the thinking lane its speculation, and pays only if the answer would otherwise be costly
     padded = CostTable(rows=(1, 2), widths=(1, 4), cost=((1.0, 1.32), (1.1, 2.82)))
     for _ in range(100):
-        counts.record("thinking", 8, 3, 3, phase="think")  # the thinking copies itself
-        counts.record("thinking", 8, 3, 3, phase="answer")  # ... and the answer copies the thinking
+        counts.record(_prop("thinking", 8, 3), 3, phase="think")  # the thinking copies itself
+        counts.record(_prop("thinking", 8, 3), 3, phase="answer")  # ... and the answer copies the thinking
         counts.record_found("think", True)  # ... on every pass
         counts.record_found("answer", True)
     assert not SpeculationPolicy(padded, counts).fork_pays(1)
     assert not SpeculationPolicy(padded, counts).fork_pays(1, think_speculation=False)  # the answer is cheap anyway
     hard = AcceptanceCounts()
     for _ in range(100):
-        hard.record("prompt", 8, 3, 0, phase="answer")  # nothing to copy in the answer: drafts are worth a lot
+        hard.record(_prop("prompt", 8, 3), 0, phase="answer")  # nothing to copy in the answer: drafts are worth a lot
     assert SpeculationPolicy(padded, hard).fork_pays(1, think_speculation=False)
     hard.record_drafts(tokens=1000, accepted=10)  # ... unless they are rarely right
     assert not SpeculationPolicy(padded, hard).fork_pays(1, think_speculation=False)
@@ -72,11 +80,27 @@ def test_forks_pay_where_an_extra_lane_costs_less_than_what_drafts_save():
 
 def test_acceptance_counts_are_geometric_runs():
     counts = AcceptanceCounts()
-    counts.record("draft:3", 5, proposed=4, accepted=2)  # 2 passed, the third failed: 3 positions tried
-    counts.record("draft:0", 6, proposed=4, accepted=4)  # all passed: 4 tried (same source kind and match bucket)
+    counts.record(_prop("draft:3", 5, 4), accepted=2)  # 2 passed, the third failed: 3 tokens tried
+    counts.record(_prop("draft:0", 6, 4), accepted=4)  # all passed: 4 tried (same source kind and match bucket)
     prior = 0.6 * 4
-    assert counts.rate("draft:7", 7) == pytest.approx((6 + prior) / (7 + 4))
-    assert counts.rate("draft:7", 40) == pytest.approx(0.6)  # another match bucket: nothing seen yet
+    assert counts.rates(_prop("draft:7", 7, 2)) == [pytest.approx((6 + prior) / (7 + 4))] * 2
+    assert counts.rates(_prop("draft:7", 40, 1)) == [pytest.approx(0.6)]  # another match bucket: nothing seen yet
+
+
+def test_a_suffix_token_is_priced_by_its_support_in_the_source():
+    """A token that was every continuation of its context is trusted more than one at a fork of the source text
+    (its share is its prior), and each kind of support learns its own rate: a proposal is cut before a fork."""
+    sure, fork = Support(1.0, 5), Support(0.3, 10)
+    counts = AcceptanceCounts()
+    assert counts.rates(_prop("history", 4, 2, [sure, fork])) == [pytest.approx(1.0), pytest.approx(0.3)]
+    policy = SpeculationPolicy(CostTable(rows=(1,), widths=(1, 4, 8), cost=((1.0, 1.2, 2.0),)), counts)
+    assert policy.proposal_length(1, _prop("history", 4, 6, [sure] * 3 + [fork] * 3)) == 3
+    for _ in range(100):  # this source's forks are always right, its sure tokens never
+        counts.record(_prop("history", 4, 2, [fork, fork]), 2)
+        counts.record(_prop("history", 4, 1, [sure]), 0)
+    assert policy.proposal_length(1, _prop("history", 4, 6, [sure] * 3 + [fork] * 3)) == 0
+    assert policy.proposal_length(1, _prop("history", 4, 6, [fork] * 6)) == 6
+    assert counts.rates(_prop("prompt", 4, 1, [sure])) == [pytest.approx(1.0)]  # another source: its prior
 
 
 def test_choices_are_priced_within_the_step_other_requests_share():
@@ -84,12 +108,13 @@ def test_choices_are_priced_within_the_step_other_requests_share():
 
     counts = AcceptanceCounts()
     intel = SpeculationPolicy(INTEL, counts)
-    alone = intel.proposal_length(1, "prompt", 8, 16)
+    proposal = _prop("prompt", 8, 16)
+    alone = intel.proposal_length(1, proposal)
     assert 0 < alone < 8
     # others already pad the step to 8 tokens a lane: a proposal up to that width costs nothing more
-    assert intel.proposal_length(1, "prompt", 8, 16, Shared(rows=2, width=8, requests=2)) >= 7
+    assert intel.proposal_length(1, proposal, Shared(rows=2, width=8, requests=2)) >= 7
     # a step of many one-token lanes: widening it charges every row, and their tokens weigh in
-    assert intel.proposal_length(1, "prompt", 8, 16, Shared(rows=2, width=1, requests=2)) <= alone
+    assert intel.proposal_length(1, proposal, Shared(rows=2, width=1, requests=2)) <= alone
     # a draft row nearly free alone delays every request of a crowded step
     lane = CostTable(rows=(1, 2, 8, 9), widths=(1, 2), cost=((1.0, 1.9), (1.05, 2.0), (2.0, 3.9), (2.3, 4.3)))
     assert SpeculationPolicy(lane, counts).fork_pays(1)
@@ -204,14 +229,16 @@ def test_declined_proposals_are_scored_in_hindsight_until_the_policy_speculates(
 
     compute_bound = CostTable(rows=(1, 2), widths=(1, 2, 4, 8, 16),
                               cost=((1.0, 2.28, 3.17, 4.13, 5.37), (2.6, 4.5, 6.0, 8.0, 10.0)))
-    assert SpeculationPolicy(compute_bound).proposal_length(1, "thinking", 8, 15) == 0  # at the prior
+    assert SpeculationPolicy(compute_bound).proposal_length(1, _prop("thinking", 8, 15)) == 0  # at the prior
     engine = bigram_engine({"a": "b", "b": "c", "c": "d", "d": "a"})
     engine.policy = SpeculationPolicy(compute_bound)
     cfg = dict(max_think_tokens=80, max_tokens=100, max_drafts=0, suffix_min_match=1, suffix_min_prob=0.0)
     plain = engine.generate(prompt_ids("ab"), config=SSRConfig(enabled=False, **cfg))
     ssr = engine.generate(prompt_ids("ab"), config=SSRConfig(**cfg))
     counts = engine.policy.counts
-    assert counts.phase_tried["think"] > 16 and counts.rate("thinking", 32) > 0.9  # learnt, mostly unverified
+    cycle = token_key("thinking", 32, Support(1.0, 10))  # a long match, every continuation alike, seen often
+    assert counts.phase_tried["think"] > 16 and counts.tried[cycle] > 16  # learnt, mostly unverified
+    assert counts.accepted[cycle] > 0.9 * counts.tried[cycle]
     assert ssr.stats["speculation"]["think"]["accepted"] > 0  # then verified, and accepted
     think = ssr.stats["speculation"]["think"]
     assert counts.phase_passes["think"] == think["steps"]  # every thinking pass looked for a proposal (plain none)

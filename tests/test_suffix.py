@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssr.proposals import Context, SuffixSources
-from ssr.suffix import Proposal, SuffixIndex, Automaton
+from ssr.suffix import Automaton, Proposal, SuffixIndex, Support
 
 # --- brute-force reference ---------------------------------------------------------------------------------
 
@@ -50,7 +50,7 @@ def reference(sources, context, max_tokens, min_match, min_prob, max_match):
     if best is None:
         return Proposal([], None, 0)
     name, toks, n = best
-    s, out = list(context[-n:]), []
+    s, out, support = list(context[-n:]), [], []
     while len(out) < max_tokens:
         candidates = {toks[e + 1] for e in continued_ends(toks, s)}
         if not candidates:
@@ -58,11 +58,13 @@ def reference(sources, context, max_tokens, min_match, min_prob, max_match):
         window = s[-max_match:]
         score = {t: (len(ends(toks, window + [t])), max(ends(toks, window + [t]))) for t in candidates}
         t = max(candidates, key=score.__getitem__)
-        if score[t][0] < min_prob * len(continued_ends(toks, window)):
+        seen = len(continued_ends(toks, window))
+        if score[t][0] < min_prob * seen:
             break
         out.append(t)
+        support.append(Support(score[t][0] / seen, seen))
         s.append(t)
-    return Proposal(out, name, n)
+    return Proposal(out, name, n, support)
 
 
 def build(sources, max_match):
@@ -97,8 +99,9 @@ def test_matches_brute_force(sources, context, max_tokens, min_match, min_prob, 
     else:
         assert occurs(sources[got.source], list(context[-got.match_len :]) + got.tokens)
         assert len(got.tokens) <= max_tokens
-    # Exactly the documented rule (tie-breaks and stopping included).
-    assert got == reference(sources, context, max_tokens, min_match, min_prob, max_match)
+    # Exactly the documented rule (tie-breaks and stopping included), each token's support as counted
+    want = reference(sources, context, max_tokens, min_match, min_prob, max_match)
+    assert got == want and got.support == want.support
 
 
 @st.composite
