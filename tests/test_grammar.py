@@ -119,7 +119,7 @@ def test_padding_ids_are_never_allowed_and_a_verify_walk_leaves_no_trace(qwen):
     allowed = torch.isfinite(rows)
     assert not allowed[:, 151665:].any()  # Qwen's [PAD...] fillers: text inside a string otherwise
     assert all(allowed[i, t] for i, t in enumerate(proposal))
-    again = constraint.rows(torch.zeros(1, 151936), answer, [])  # the walk was rolled back
+    again = constraint.rows(torch.zeros(1, 151936), answer, [])  # the walk left no trace
     assert torch.equal(torch.isfinite(again[0]), allowed[0])
     after_city = constraint.rows(torch.zeros(2, 151936), answer, proposal[:1])[1]
     assert torch.equal(torch.isfinite(after_city), allowed[1])
