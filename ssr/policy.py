@@ -56,6 +56,11 @@ def source_kind(source: str) -> str:
     return "draft" if source.startswith("draft:") else source
 
 
+def smoothed(hits: float, trials: float, prior: float) -> float:
+    """``hits`` in ``trials``, with ``prior`` counted as ``PRIOR_WEIGHT`` trials seen before them."""
+    return (hits + prior * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT)
+
+
 def token_key(source: str, match_len: int, support: Support | None) -> tuple:
     """What a proposed token's acceptance is counted under: its source kind, the bucket of the match that proposed
     it and, for a suffix token, the buckets of its support there."""
@@ -88,12 +93,11 @@ class AcceptanceCounts:
 
     def rates(self, proposal: Proposal) -> list[float]:
         """Each proposed token's rate of acceptance, given that the tokens before it passed."""
-        return [(self.accepted.get(key, 0.0) + prior * PRIOR_WEIGHT) / (self.tried.get(key, 0.0) + PRIOR_WEIGHT)
+        return [smoothed(self.accepted.get(key, 0.0), self.tried.get(key, 0.0), prior)
                 for key, prior in self._tokens(proposal)]
 
     def phase_rate(self, phase: str) -> float:
-        return ((self.phase_accepted.get(phase, 0.0) + PRIOR_RATE * PRIOR_WEIGHT)
-                / (self.phase_tried.get(phase, 0.0) + PRIOR_WEIGHT))
+        return smoothed(self.phase_accepted.get(phase, 0.0), self.phase_tried.get(phase, 0.0), PRIOR_RATE)
 
     def record(self, proposal: Proposal, accepted: int, phase: str | None = None) -> None:
         """``accepted`` of the proposal's tokens passed: each of those was tried and accepted, the one after them
@@ -116,8 +120,7 @@ class AcceptanceCounts:
 
     def found_share(self, phase: str) -> float:
         """Share of ``phase``'s passes on which a source has a proposal."""
-        return ((self.phase_found.get(phase, 0.0) + PRIOR_FOUND * PRIOR_WEIGHT)
-                / (self.phase_passes.get(phase, 0.0) + PRIOR_WEIGHT))
+        return smoothed(self.phase_found.get(phase, 0.0), self.phase_passes.get(phase, 0.0), PRIOR_FOUND)
 
     def record_drafts(self, tokens: int, accepted: int) -> None:
         self.draft_tokens += tokens
