@@ -245,11 +245,11 @@ class Constraint:
         read. The proposal is walked on a copy of the matcher: the lane's own matcher consumes committed tokens
         only, as plain decoding's does (llguidance 1.9's ``rollback`` after a walk left a matcher that later refused
         what a fresh one accepts: a replayed agent step lost a `",` plain decoding wrote)."""
-        import llguidance.torch as llt
+        import llguidance.numpy as lln  # llguidance.torch's import pulls in torch.compile's backend: about 1 s
 
         self.sync(answer)
         out = rows.clone()
-        bitmask = llt.allocate_token_bitmask(1, self.grammars.vocab_size)
+        bitmask = lln.allocate_token_bitmask(1, self.grammars.vocab_size)
         walker = self.matcher.deep_copy() if proposal and self.broken is None else self.matcher
         broken = self.broken is not None
         for i in range(out.shape[0]):
@@ -257,8 +257,8 @@ class Constraint:
             if broken or walker.is_stopped():  # left the grammar, or complete: only EOS
                 allowed[self.grammars.eos_ids] = True
             else:
-                llt.fill_next_token_bitmask(walker, bitmask, 0)
-                bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:out.shape[1]]
+                lln.fill_next_token_bitmask(walker, bitmask, 0)
+                bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:out.shape[1]]
                 allowed = torch.from_numpy(bits.view(np.bool_)).to(out.device)
             out[i].masked_fill_(~allowed, float("-inf"))
             if not torch.isfinite(out[i]).any():  # no allowed token has a score (a top-k backend): all alike

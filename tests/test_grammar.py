@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -221,3 +223,20 @@ def test_real_model_json_answer_is_exact_and_valid(default_engine):
     assert plain.finish_reason == "stop", plain.answer
     validate(json.loads(plain.answer), SCHEMA)
     assert ssr.stats["forward_passes"] < plain.stats["forward_passes"]
+
+
+def test_masking_a_row_loads_no_torch_compiler():
+    """The first constrained request used to import ``llguidance.torch``, whose ``torch.compile`` decorator pulls in
+    the compiler's backend (543 more modules after transformers, about a second of that request's latency); the numpy
+    helpers compute the same masks."""
+    code = ("import sys, torch\n"
+            "from transformers import AutoTokenizer\n"
+            "from ssr.grammar import Grammars, json_grammar\n"
+            "from ssr.models import resolve_model\n"
+            "tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))\n"
+            "constraint = Grammars(tokenizer, 151936, {151645}).compile(json_grammar({'type': 'integer'})).constraint()\n"
+            "rows = constraint.rows(torch.zeros(1, 151936), [], [])\n"
+            "allowed = {tokenizer.decode([int(i)]) for i in torch.isfinite(rows[0]).nonzero()[:, 0]}\n"
+            "print(int('llguidance.torch' in sys.modules), int('7' in allowed), int('x' in allowed))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["0", "1", "0"]
