@@ -57,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=("default", "smoke"), default="default",
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
     parser.add_argument("--micro", action="store_true", help="run the engine microbenchmarks instead (cost table, batched step, verify pass, RSS)")
-    parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd)")
+    parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd; e: step cost against the context)")
     parser.add_argument("--concurrency", default=None, metavar="LIST",
                         help="load mode instead: N requests at once for each N of the comma list (e.g. 1,2,4,8,16), "
                              "plain vs SSR: throughput, p50/p95 latency, time vs one by one (load.md, load.png)")

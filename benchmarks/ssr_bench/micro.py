@@ -9,7 +9,9 @@ with those kernels:
 (b) cost of verifying an N-token draft (N = 256) in one pass, relative to decoding those N tokens one by one
     (target <= 0.05);
 (c) end-to-end latency SSR vs plain on >= 10 HumanEval prompts, with identical outputs reported (the bench runner);
-(d) peak RSS of plain and SSR, each measured in a fresh subprocess.
+(d) peak RSS of plain and SSR, each measured in a fresh subprocess;
+(e) a step's cost against the context: steps of 1, 4 and 8 rows on lanes of several lengths, interleaved (what a
+    thousand tokens of context add to a step and to each further row; not in the default parts).
 """
 
 from __future__ import annotations
@@ -114,6 +116,35 @@ def verify_ratio(engine, n_tokens: int = 256, context: int = 300, reps: int = 3)
             "meets_target": p / sequential <= TARGET_VERIFY, "cpu_one_pass_s": round(cp, 4),
             "cpu_sequential_s": round(cpu_sequential, 4),
             "cpu_ratio": round(cp / cpu_sequential, 5) if cpu_sequential else None, "threads": _threads()}
+
+
+def context_cost(engine, contexts: tuple[int, ...] = (64, 1024, 2048), rows: tuple[int, ...] = (1, 4, 8),
+                 reps: int = 8, warmup: int = 2) -> dict[str, Any]:
+    """(e): a step of each row count on a lane of each context length, the (context, rows) pairs interleaved
+    round after round so that drift hits every pair alike; each step is truncated away after it."""
+    b = engine.backend
+    room = b.context_window - max(rows) - 1
+    contexts = tuple(c for c in contexts if c <= room)
+    ids = _context_ids(engine, max(contexts) + max(rows))
+    b.release_all()
+    lanes = {}
+    times: dict[tuple[int, int], list[float]] = {(c, r): [] for c in contexts for r in rows}
+    try:
+        for c in contexts:
+            lanes[c] = b.new_lane()
+            b.step({lanes[c]: ids[:c]}, {lanes[c]: 1})
+        for rep in range(warmup + reps):
+            for (c, r), seen in times.items():
+                start = time.perf_counter()
+                b.step({lanes[c]: ids[c: c + r]}, {lanes[c]: r})
+                wall = time.perf_counter() - start
+                b.truncate(lanes[c], c)
+                if rep >= warmup:
+                    seen.append(wall)
+    finally:
+        b.release_all()
+    ms = {f"{c}x{r}": round(statistics.median(t) * 1e3, 2) for (c, r), t in times.items()}
+    return {"contexts": list(contexts), "rows": list(rows), "reps": reps, "step_ms": ms, "threads": _threads()}
 
 
 def calibration(engine) -> dict[str, Any]:
@@ -237,7 +268,7 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
         log("(d) peak RSS, each method in a fresh process ...")
         result["d_peak_rss"] = peak_rss(("plain", "ssr"), model, backend, preset, n=1)
     engine = None
-    if any(p in parts for p in "abc"):
+    if any(p in parts for p in "abce"):
         from .runner import load_engine
 
         log(f"loading model {model or 'default'} ...")
@@ -256,6 +287,9 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
         items = n if n is not None else (2 if smoke else 10)
         log(f"(c) end to end on {items} HumanEval prompts: plain vs ssr ...")
         result["c_end_to_end"] = end_to_end(engine, out / "e2e", items, preset, model, backend, overrides)
+    if "e" in parts:
+        log("(e) a step's cost against the context: 1, 4 and 8 rows at 64, 1024 and 2048 tokens, interleaved ...")
+        result["e_context_cost"] = context_cost(engine, reps=3 if smoke else 8, warmup=1 if smoke else 2)
     (out / "micro.json").write_text(json.dumps(result, indent=2))
     (out / "micro.md").write_text(micro_markdown(result))
     return result
@@ -292,6 +326,13 @@ def micro_markdown(r: dict[str, Any]) -> str:
                   f"{_fmt(c['answer_passes_ratio'], 3)}; identical outputs **{c['identical']}/{c['compared']}**; "
                   f"pass rate plain {_fmt(c['plain_score'])} / ssr {_fmt(c['ssr_score'])} (details: "
                   f"`{c['results']}` and its report.md)"]
+    if "e_context_cost" in r:
+        e = r["e_context_cost"]
+        header = " | ".join(f"{k} row{'s' if k > 1 else ''}" for k in e["rows"])
+        lines += ["", f"(e) step cost (ms, median of {e['reps']}, {e.get('threads')} threads) by context and rows, the "
+                  "pairs interleaved:", "", f"| context | {header} |", "|---|" + "---|" * len(e["rows"])]
+        lines += [f"| {c} | " + " | ".join(str(e["step_ms"][f"{c}x{k}"]) for k in e["rows"]) + " |"
+                  for c in e["contexts"]]
     if "d_peak_rss" in r:
         for method, d in r["d_peak_rss"].items():
             if "error" in d:

@@ -602,9 +602,12 @@ def test_micro_on_tiny_engine(tmp_path, one_thread):
     assert a["ratio"] > 0 and a["context_tokens"] >= 40
     b = micro.verify_ratio(engine, n_tokens=16, context=20, reps=2)
     assert 0 < b["ratio"] < 2 and b["draft_tokens"] == 16
+    e = micro.context_cost(engine, contexts=(8, 40), rows=(1, 4), reps=2, warmup=1)
+    assert e["contexts"] == [8, 40] and sorted(e["step_ms"]) == ["40x1", "40x4", "8x1", "8x4"]
+    assert all(ms > 0 for ms in e["step_ms"].values()) and engine.backend.live_lanes == 0
     md = micro.micro_markdown({"model": "tiny", "backend": "transformers", "preset": "smoke",
-                               "a_batched_step": a, "b_verify": b})
-    assert "(a)" in md and "(b)" in md
+                               "a_batched_step": a, "b_verify": b, "e_context_cost": e})
+    assert "(a)" in md and "(b)" in md and "| 40 | " in md
 
 
 def test_projection_prices_the_passes_the_policy_chose_with_the_table(tmp_path, tiny):
