@@ -17,6 +17,7 @@ with those kernels:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -135,9 +136,7 @@ def context_cost(engine, contexts: tuple[int, ...] = (64, 1024, 2048), rows: tup
             b.step({lanes[c]: ids[:c]}, {lanes[c]: 1})
         for rep in range(warmup + reps):
             for (c, r), seen in times.items():
-                start = time.perf_counter()
-                b.step({lanes[c]: ids[c: c + r]}, {lanes[c]: r})
-                wall = time.perf_counter() - start
+                wall, _ = _timed(functools.partial(b.step, {lanes[c]: ids[c: c + r]}, {lanes[c]: r}))
                 b.truncate(lanes[c], c)
                 if rep >= warmup:
                     seen.append(wall)
