@@ -44,11 +44,16 @@ TOOL_DEMONSTRATION = [
     )},
 ]
 
-# After a tool result (tools bound, the tool's message last): an exchange that answers from a result, with a tool
-# unlike the bound ones, right after the template's own system block (no recipe system prompt: the prompt extends
-# the decision turn's, whose cache the step reuses). After the coding exchange the 0.5B model wrote the
-# demonstration's Python function or called the tool again; after this one it answered from the result on the
-# weather and time questions tried.
+# After a tool result (tools bound, the tool's message last): two exchanges right after the template's own system
+# block (no recipe system prompt: the prompt extends the decision turn's, whose cache the step reuses). The first
+# answers from a result, with a tool unlike the bound ones: with it alone the 0.5B and 1.5B models answered from the
+# result on weather, time, flight and stock questions. The second reads a file, thinks the change through with the
+# whole new text written out, then writes it with a call in the fenced form the model itself uses for its first
+# call, and answers when done: with the first alone, a coding agent's step after reading a file wrote it back
+# unchanged or answered with the fix instead of calling (the 1.5B solved 3 of the agent suite's 12 tasks; 8 with
+# both; docs/results.md, "An edit demonstration after tool results (2026-12-07, morning)").
+_CART = 'def total(items):\n    """Return the sum of price times quantity over (price, quantity) pairs."""\n'
+_CART_FIXED = _CART + "    return sum(price * qty for price, qty in items)\n"
 TOOL_RESULT_DEMONSTRATION: list[dict[str, Any]] = [
     {"role": "user", "content": "Convert 20 euros to US dollars."},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_demo", "type": "function", "function": {
@@ -57,6 +62,21 @@ TOOL_RESULT_DEMONSTRATION: list[dict[str, Any]] = [
     {"role": "assistant", "content": (
         "<think>\nThe convert tool returned 21.60 USD for 20 euros. That answers the question, so I reply in one "
         "sentence and call no more tools.\n</think>\n\n20 euros is 21.60 US dollars.")},
+    {"role": "user", "content": "The function total in cart.py ignores the quantities, so the tests fail."},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_demo_1", "type": "function", "function": {
+        "name": "read_file", "arguments": {"path": "cart.py"}}}]},
+    {"role": "tool", "tool_call_id": "call_demo_1", "name": "read_file",
+     "content": _CART + "    return sum(price for price, qty in items)\n"},
+    {"role": "assistant", "content": (
+        "<think>\nThe docstring says price times quantity, but the line `return sum(price for price, qty in items)` "
+        "adds the prices alone: it must read `return sum(price * qty for price, qty in items)`. The corrected file:\n"
+        f"```python\n{_CART_FIXED}```\nThe task is not done yet: I call write_file with the whole corrected file.\n"
+        "</think>\n\n```json\n"
+        + json.dumps({"name": "write_file", "arguments": {"path": "cart.py", "content": _CART_FIXED}}) + "\n```")},
+    {"role": "tool", "tool_call_id": "call_demo_2", "name": "write_file", "content": "saved cart.py"},
+    {"role": "assistant", "content": (
+        "<think>\nThe write_file tool saved cart.py. That finishes the task, so I reply in one sentence and call no "
+        "more tools.\n</think>\n\ncart.py now multiplies each price by its quantity.")},
 ]
 
 

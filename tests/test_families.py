@@ -15,7 +15,7 @@ import pytest
 
 from ssr import SSRConfig
 from ssr.chat import (DEEPSEEK_R1, HARMONY, QWEN2_INSTRUCT, QWEN3, REASONING, THINK_INSTRUCTION,
-                      TOOL_RESULT_DEMONSTRATION, detect_family, render_prompt)
+                      TOOL_RESULT_DEMONSTRATION, detect_family, parse_tool_calls, render_prompt)
 from ssr.transcript import FINISHED, Transcript
 from tiny import (CHAT_TEMPLATE, FAMILY_VOCAB, QWEN3_TEMPLATE, R1_TEMPLATE, family_engine, harmony_tokenizer,
                   offline_harmony_vocab, tiny_tokenizer)
@@ -102,6 +102,23 @@ def test_instruct_step_after_a_tool_result_extends_the_decision_turns_prompt(tok
     assert after.endswith("sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
     # a turn on the user's message still thinks under the recipe's own system prompt and coding demonstration
     assert THINK_INSTRUCTION in render_prompt(tokenizer, QWEN2_INSTRUCT, USER, thinking=True)
+
+
+def test_tool_result_demonstration_writes_its_edit_as_a_call_the_parser_reads():
+    """The demonstration's edit exchange thinks the new file through, then calls with that file in the fenced form
+    the model writes its own calls in; SSR's parser must read that answer as the call (else the model is taught a form
+    that ends its loop), its content the file written out in the thought, and the exchange then answers."""
+    write_file = {"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"]}}}
+    roles = [m["role"] for m in TOOL_RESULT_DEMONSTRATION]
+    assert roles == ["user", "assistant", "tool", "assistant"] * 2 + ["tool", "assistant"]
+    thought, _, answer = TOOL_RESULT_DEMONSTRATION[7]["content"].partition("</think>")
+    parsed = parse_tool_calls(answer, [write_file])
+    assert not parsed.invalid_tool_calls and [c["name"] for c in parsed.tool_calls] == ["write_file"]
+    content = parsed.tool_calls[0]["arguments"]["content"]
+    assert f"```python\n{content}```" in thought  # the call copies the file the thought wrote
+    assert TOOL_RESULT_DEMONSTRATION[-1]["content"].partition("</think>")[2].strip()  # then answers in text
 
 
 # -- (b) a conversation with reasoning and tool calls, rendered and parsed back --------------------------------------

@@ -1,16 +1,20 @@
 """Probe: how the instruct recipe's turn after a tool result decides what the agent suite's loops solve.
 
 Runs the agent suite's engine loop (plain decoding) with the recipe as it ships and with the alternatives measured
-in docs/results.md ("Why the 1.5B solves 3 of 12"), printing per task whether the project's tests pass and each
-step's tokens. A probe, not a benchmark: one method, no timing comparison; the suite's own runner is ``ssr bench``.
+in docs/results.md ("Why the 1.5B solves 3 of 12", "An edit demonstration after tool results"), printing per task
+whether the project's tests pass and each step's tokens; ``--tasks held-out`` runs nine tasks of the same kinds that
+are not in the suite (a recipe fitted to the suite's tasks would not carry over), ``--questions`` six non-coding
+questions answered by one call (after the result the model should answer, not call again). A probe, not a benchmark:
+one method, no timing comparison; the suite's own runner is ``ssr bench``.
 
-    python -m ssr_bench.recipe_probe --variant two-step --backend llama.cpp --threads 2
+    python -m ssr_bench.recipe_probe --variant answer-only --backend llama.cpp --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from typing import Any
 
 import torch
@@ -60,7 +64,101 @@ EDIT = _two_calls(
     "more tools.",
     "list.txt now says 12 eggs.")
 
-DEMONSTRATIONS = {"shipped": TOOL_RESULT_DEMONSTRATION, "two-step": TWO_STEP, "edit": EDIT}
+# The shipped demonstration is two exchanges: one that answers from a result, then one that edits a file
+ANSWER_ONLY = TOOL_RESULT_DEMONSTRATION[:4]  # the first alone: shipped until 2026-12-07
+EDIT_ONLY = TOOL_RESULT_DEMONSTRATION[4:]  # the second alone
+EDIT_ANSWER_LAST = [*EDIT_ONLY, *ANSWER_ONLY]  # both, the other order
+# The second with its call as a template tool call (``<tool_call>`` tags after the thought) instead of fenced JSON
+EDIT_TAGGED: list[dict[str, Any]] = [dict(m) for m in EDIT_ONLY]
+_thought, _, _fenced = EDIT_TAGGED[3]["content"].partition("</think>")
+EDIT_TAGGED[3] = {"role": "assistant", "content": _thought + "</think>", "tool_calls": [
+    {"id": "call_demo_2", "type": "function", "function": json.loads(_fenced.strip().removeprefix("```json")
+                                                                     .removesuffix("```"))}]}
+
+DEMONSTRATIONS = {"shipped": TOOL_RESULT_DEMONSTRATION, "answer-only": ANSWER_ONLY, "two-step": TWO_STEP,
+                  "edit": EDIT, "edit-only": EDIT_ONLY, "edit-tagged": EDIT_TAGGED,
+                  "edit-answer-last": EDIT_ANSWER_LAST}
+
+
+# Tasks outside the suite, of its three kinds, to tell a recipe that helps the model from one fitted to the suite
+HELD_OUT: tuple[agent.Task, ...] = (
+    agent._task("max3", "fix", "pick", 'def max_of_three(a, b, c):\n    """Return the largest of a, b and c."""\n'
+                "    return max(a, b)\n", "max_of_three",
+                ["self.assertEqual(max_of_three(1, 2, 9), 9)", "self.assertEqual(max_of_three(5, 2, 1), 5)"],
+                "max_of_three in pick.py ignores its third argument, so the tests fail.",
+                fix=("max(a, b)", "max(a, b, c)")),
+    agent._task("words", "fix", "counting", 'def count_words(s):\n    """Return how many words s has."""\n'
+                '    return len(s.split(","))\n', "count_words",
+                ["self.assertEqual(count_words('a b c'), 3)", "self.assertEqual(count_words('one'), 1)"],
+                "count_words in counting.py counts the wrong thing, so the tests fail.",
+                fix=('s.split(",")', "s.split()")),
+    agent._task("last", "fix", "seq", 'def last(values):\n    """Return the last element of a non-empty list."""\n'
+                "    return values[0]\n", "last", ["self.assertEqual(last([1, 2, 3]), 3)"],
+                "last in seq.py returns the wrong element, so the tests fail.", fix=("values[0]", "values[-1]")),
+    agent._task("sum_even", "fix", "evens", 'def sum_even(values):\n    """Return the sum of the even values."""\n'
+                "    return sum(v for v in values if v % 2)\n", "sum_even",
+                ["self.assertEqual(sum_even([1, 2, 3, 4]), 6)", "self.assertEqual(sum_even([1]), 0)"],
+                "sum_even in evens.py adds the wrong values, so the tests fail.", fix=("if v % 2)", "if v % 2 == 0)")),
+    agent._task("kelvin", "fix", "temps", 'def to_kelvin(c):\n    """Convert Celsius to Kelvin."""\n'
+                "    return c - 273.15\n", "to_kelvin", ["self.assertAlmostEqual(to_kelvin(0), 273.15)"],
+                "to_kelvin in temps.py gives wrong temperatures, so the tests fail.", fix=("c - 273.15", "c + 273.15")),
+    agent._task("is_odd", "add", "parity", 'def is_even(n):\n    """Return True when n is even."""\n'
+                "    return n % 2 == 0\n", "is_even, is_odd",
+                ["self.assertTrue(is_even(2))", "self.assertTrue(is_odd(3))", "self.assertFalse(is_odd(4))"],
+                "Add a function is_odd(n) to parity.py, keeping is_even; the tests import both.",
+                fix=("return n % 2 == 0\n", "return n % 2 == 0\n\n\ndef is_odd(n):\n    return n % 2 == 1\n")),
+    agent._task("initials", "add", "names", 'def full_name(first, last):\n    """Return the first and last name."""\n'
+                '    return first + " " + last\n', "full_name, initials",
+                ["self.assertEqual(full_name('Ada', 'Lovelace'), 'Ada Lovelace')",
+                 "self.assertEqual(initials('Ada', 'Lovelace'), 'AL')"],
+                "Add a function initials(first, last) that returns the two first letters to names.py, keeping "
+                "full_name; the tests import both.",
+                fix=('first + " " + last\n', 'first + " " + last\n\n\ndef initials(first, last):\n'
+                     "    return first[0] + last[0]\n")),
+    agent._task("title", "test", "case", 'def title_case(s):\n    """Return s with each word capitalised."""\n'
+                "    return s.upper()\n", "title_case",
+                ["self.assertEqual(title_case('hello world'), 'Hello World')"],
+                "The test in test_case.py expects title_case('hello world') to return 'Hello World'. Make it pass.",
+                fix=("s.upper()", "s.title()")),
+    agent._task("percent", "test", "ratio",
+                'def percent(part, whole):\n    """Return part as a percentage of whole."""\n    return part / whole\n',
+                "percent", ["self.assertEqual(percent(1, 2), 50.0)"],
+                "The test in test_ratio.py expects percent(1, 2) to return 50.0. Make it pass.",
+                fix=("part / whole", "100 * part / whole")),
+)
+
+
+def _tool(name: str, description: str, *params: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in params}, "required": list(params)}}}
+
+
+# Questions that one tool call answers (not coding): after the result the model should answer from it, not call again
+QUESTION_TOOLS = [_tool("get_weather", "Current weather in a city.", "city"),
+                  _tool("get_time", "Current time in a timezone.", "timezone"),
+                  _tool("search_flights", "Search flights between two cities.", "origin", "destination"),
+                  _tool("lookup_stock", "Latest price of a stock ticker.", "ticker")]
+QUESTIONS = [("What's the weather in Paris?", "get_weather", {"city": "Paris"}, "18 C, light rain"),
+             ("What time is it in Tokyo?", "get_time", {"timezone": "Asia/Tokyo"}, "14:05"),
+             ("Find me a flight from Oslo to Rome.", "search_flights", {"origin": "Oslo", "destination": "Rome"},
+              "SK4711 dep 09:40 arr 13:35, 129 EUR"),
+             ("How much is Apple stock?", "lookup_stock", {"ticker": "AAPL"}, "AAPL 231.40 USD"),
+             ("Is it warm in Cairo right now?", "get_weather", {"city": "Cairo"}, "34 C, sunny"),
+             ("What's the time in New York?", "get_time", {"timezone": "America/New_York"}, "08:15")]
+
+
+def answers_from_results(engine: SSREngine, config) -> int:
+    """How many of ``QUESTIONS`` the model answers in text after its tool's result (no further call); prints each."""
+    answered = 0
+    for ask, name, arguments, result in QUESTIONS:
+        messages = [{"role": "user", "content": ask},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "name": name, "content": result}]
+        out = engine.generate(messages, tools=QUESTION_TOOLS, config=config)
+        answered += not out.tool_calls
+        print(f"== {ask} calls {[c['name'] for c in out.tool_calls]} {out.answer[:160]!r}", flush=True)
+    return answered
 
 
 def with_demonstration(family: ChatFamily, variant: str) -> ChatFamily:
@@ -111,7 +209,11 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--backend", default="llama.cpp")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--tasks", default="", help="comma-separated task ids (default: all 12)")
+    parser.add_argument("--tasks", default="",
+                        help="comma-separated task ids (default: the suite's 12; held-out: the probe's own tasks)")
+    parser.add_argument("--questions", action="store_true",
+                        help="the non-coding questions instead of tasks: does the model answer from a result?")
+    parser.add_argument("--max-think-tokens", type=int, default=None, help="the thinking budget (default: the suite's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -120,10 +222,17 @@ def main() -> None:
         engine.family = with_demonstration(engine.family, args.variant)
     wrappers = {"no-thinking": _NoThinking, "note": _NoteAfterResults}
     loop_engine = wrappers[args.variant](engine) if args.variant in wrappers else engine
-    config = method_config(PLAIN, base_config("agent"))  # plain decoding, the suite's budgets
+    budget = {"max_think_tokens": args.max_think_tokens} if args.max_think_tokens else {}
+    config = method_config(PLAIN, base_config("agent", **budget))  # plain decoding, the suite's budgets
+    if args.questions:
+        print(f"variant {args.variant}: answered from the result {answers_from_results(engine, config)}/"
+              f"{len(QUESTIONS)}")
+        engine.close()
+        return
     wanted = set(filter(None, args.tasks.split(",")))
     solved = 0
-    tasks = [t for t in agent.TASKS if not wanted or t.id in wanted]
+    pool = HELD_OUT if "held-out" in wanted else agent.TASKS
+    tasks = [t for t in pool if not wanted or "held-out" in wanted or t.id in wanted]
     for task in tasks:
         engine.backend.release_all()  # each task from an empty prompt cache, as the suite runs it
         outcome = agent.run_engine_loop(loop_engine, task, config)
@@ -132,7 +241,7 @@ def main() -> None:
         for i, step in enumerate(outcome.steps):
             text = engine.tokenizer.decode(step.token_ids)
             print(f"   {i}: calls {[c['name'] for c in step.tool_calls]} prompt {step.stats.get('prompt_tokens')} "
-                  f"reused {step.stats.get('reused_prompt_tokens')} {text[:300]!r}", flush=True)
+                  f"reused {step.stats.get('reused_prompt_tokens')} {text[:700]!r}", flush=True)
     print(f"variant {args.variant}: solved {solved}/{len(tasks)}")
     engine.close()
 

@@ -47,7 +47,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "bfcl": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
         "bfcl-auto": dict(max_think_tokens=128, min_think_tokens=32, draft_start=8, max_tokens=256),
         # per step of the loop: the decision turns answer at once (auto mode), a step after a tool result thinks
-        "agent": dict(max_think_tokens=96, min_think_tokens=0, draft_start=8, max_tokens=400),
+        # (192: the thought writes out a changed file, as the tool-result demonstration does)
+        "agent": dict(max_think_tokens=192, min_think_tokens=0, draft_start=8, max_tokens=400),
     },
     # CI: a couple of items, tiny budgets; minutes on 2 CPU cores
     "smoke": {
