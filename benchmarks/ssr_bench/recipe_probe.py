@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from typing import Any
 
 import torch
 
 from ssr import SSREngine
-from ssr.chat import TOOL_RESULT_DEMONSTRATION, ChatFamily, render_prompt
+from ssr.chat import TOOL_RESULT_DEMONSTRATION, ChatFamily, parse_tool_calls, render_prompt
 
 from . import agent
 from .methods import PLAIN, method_config
@@ -71,9 +70,9 @@ EDIT_ANSWER_LAST = [*EDIT_ONLY, *ANSWER_ONLY]  # both, the other order
 # The second with its call as a template tool call (``<tool_call>`` tags after the thought) instead of fenced JSON
 EDIT_TAGGED: list[dict[str, Any]] = [dict(m) for m in EDIT_ONLY]
 _thought, _, _fenced = EDIT_TAGGED[3]["content"].partition("</think>")
+_call = parse_tool_calls(_fenced, agent.TOOLS).tool_calls[0]  # the fenced call, read as the engine reads it
 EDIT_TAGGED[3] = {"role": "assistant", "content": _thought + "</think>", "tool_calls": [
-    {"id": "call_demo_2", "type": "function", "function": json.loads(_fenced.strip().removeprefix("```json")
-                                                                     .removesuffix("```"))}]}
+    {"id": "call_demo_2", "type": "function", "function": {"name": _call["name"], "arguments": _call["arguments"]}}]}
 
 DEMONSTRATIONS = {"shipped": TOOL_RESULT_DEMONSTRATION, "answer-only": ANSWER_ONLY, "two-step": TWO_STEP,
                   "edit": EDIT, "edit-only": EDIT_ONLY, "edit-tagged": EDIT_TAGGED,
@@ -230,9 +229,10 @@ def main() -> None:
         engine.close()
         return
     wanted = set(filter(None, args.tasks.split(",")))
-    solved = 0
     pool = HELD_OUT if "held-out" in wanted else agent.TASKS
-    tasks = [t for t in pool if not wanted or "held-out" in wanted or t.id in wanted]
+    wanted.discard("held-out")
+    solved = 0
+    tasks = [t for t in pool if not wanted or t.id in wanted]
     for task in tasks:
         engine.backend.release_all()  # each task from an empty prompt cache, as the suite runs it
         outcome = agent.run_engine_loop(loop_engine, task, config)
