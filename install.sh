@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Install SSR into a virtual environment (default .venv): the engine, its two partner packages (the LangChain and
-# LlamaIndex adapters) and the benchmark harness, editable, then llama.cpp, the default engine on a CPU, built for
-# this CPU (scripts/install_llama_cpp.sh: about 8 minutes on 2 cores the first time, seconds after).
+# Install SSR into a virtual environment (default .venv): the engine, the LangChain and LlamaIndex adapters and the
+# benchmark harness, editable, then llama.cpp built for this CPU (docs/install.md).
 #
 #   bash install.sh [VENV]        the README's first command and CI's install stage run this
 set -euo pipefail
@@ -13,8 +12,7 @@ step() { echo "install: $*"; }
 step "pip, PyTorch (CPU build), the engine, adapters and harness"
 "$VENV/bin/pip" install -q --upgrade pip uv
 "$VENV/bin/pip" install -q torch==2.13.0  # the CPU build (an unpinned torch pulls a multi-GB CUDA build)
-# the rest through uv (a resolver and installer in Rust, from PyPI): the same packages as pip resolves, with torch
-# kept as installed above, in about 10 s against pip's 190 s of mostly resolver CPU (2-core EPYC, caches warm)
+# the rest through uv: the packages pip would resolve, torch kept as installed above, in seconds
 uv() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@"; }
 uv -e ".[all]" -e "./integrations/langchain[test]" -e "./integrations/llamaindex[test]" -e ./benchmarks
 uv --no-deps bfcl-eval  # BFCL's data (its own dependencies are not needed)

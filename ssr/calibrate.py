@@ -159,7 +159,7 @@ def _cpuinfo() -> dict[str, str]:
 
 def cpu_name() -> str:
     """The CPU's name with its family and model: a VM often names every generation alike ("AMD EPYC"), and two
-    generations' step costs differ (docs/backends/llama-cpp.md measured one such pair)."""
+    generations' step costs differ (docs/log.md measured one such pair)."""
     info = _cpuinfo()
     name = info.get("model name") or platform.processor() or platform.machine()
     if info.get("cpu family") and info.get("model"):

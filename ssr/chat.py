@@ -51,7 +51,7 @@ TOOL_DEMONSTRATION = [
 # whole new text written out, then writes it with a call in the fenced form the model itself uses for its first
 # call, and answers when done: with the first alone, a coding agent's step after reading a file wrote it back
 # unchanged or answered with the fix instead of calling (the 1.5B solved 3 of the agent suite's 12 tasks; 8 with
-# both; docs/results.md, "An edit demonstration after tool results (2026-12-07, morning)").
+# both; docs/log.md, "An edit demonstration after tool results (2026-12-07, morning)").
 _CART = 'def total(items):\n    """Return the sum of price times quantity over (price, quantity) pairs."""\n'
 _CART_FIXED = _CART + "    return sum(price * qty for price, qty in items)\n"
 TOOL_RESULT_DEMONSTRATION: list[dict[str, Any]] = [

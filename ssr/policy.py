@@ -5,7 +5,7 @@ A proposal's ``i``-th token is accepted, when the ones before it were, with a ra
 ``Support`` there: the share of the context's continuations that were this token and how often the context
 continued. A token is counted with its share as prior, so a fork in the source text is doubted before anything is
 measured (replayed agent steps: tokens that were all of their context's continuations passed 86% of the time, those
-that were under 40% of them 8%; docs/results.md). So a proposal of ``k`` tokens yields on average
+that were under 40% of them 8%; docs/log.md). So a proposal of ``k`` tokens yields on average
 ``1 + r1 + r1 r2 + ... + r1...rk`` tokens per pass (the verifier always adds one of its own). The step that verifies
 it costs ``costs(rows, k + 1)`` against ``costs(rows, 1)`` for a plain step, so the policy proposes the ``k`` that
 maximises tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Counts are engine-wide, so a

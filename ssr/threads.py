@@ -5,7 +5,8 @@ that starts a parallel region a team of its own, kept until that thread exits; o
 the machine has CPUs, libgomp stops spinning at barriers (100 spins, then a futex sleep: ``gomp_throttled_spin_count``)
 in every team. ggml waits at a barrier after each operation of a graph, so one such extra team makes every
 ``llama_decode`` afterwards slower: on the 2-core test machine the embedded model's plain decoding went from about 21
-to 35 ms a token after a single llama.cpp decode or torch operation on the main thread (docs/backends/llama-cpp.md).
+to 35 ms a token after a single llama.cpp decode or torch operation on the main thread (docs/log.md, "One OpenMP
+team per process").
 
 The engine's decodes all run on its scheduler thread. Work that runs once (calibration, a benchmark peer) runs through
 ``on_own_thread``: its team is freed when that thread ends, so the process keeps one team.

@@ -117,7 +117,7 @@ def test_forced_tool_choice_is_exact_and_drafted(default_engine, flat_engine, to
 
 @pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval missing")
 def test_required_call_among_several_tools_is_guided_and_drafted_whole(default_engine, flat_engine):
-    """A BFCL "multiple" item (four tools; the run measured in docs/results.md): unguided, the 0.5B model named a tool that
+    """A BFCL "multiple" item (four tools; the run measured in docs/log.md): unguided, the 0.5B model named a tool that
     does not exist ("capacitance_calculator"); the name guide keeps it to the bound names, the call is right, the
     draft forked at thinking token 8 wrote the same call, and one verify pass accepted it whole."""
     from ssr_bench.suites import load_bfcl

@@ -1,7 +1,7 @@
 """Probe: how the instruct recipe's turn after a tool result decides what the agent suite's loops solve.
 
 Runs the agent suite's engine loop (plain decoding) with the recipe as it ships and with the alternatives measured
-in docs/results.md ("Why the 1.5B solves 3 of 12", "An edit demonstration after tool results"), printing per task
+in docs/log.md ("Why the 1.5B solves 3 of 12", "An edit demonstration after tool results"), printing per task
 whether the project's tests pass and each step's tokens; ``--tasks held-out`` runs nine tasks of the same kinds that
 are not in the suite (a recipe fitted to the suite's tasks would not carry over), ``--questions`` six non-coding
 questions answered by one call (after the result the model should answer, not call again). A probe, not a benchmark:

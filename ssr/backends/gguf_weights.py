@@ -7,7 +7,7 @@ logits are the same bits from either file (measured with the AVX2 build on the e
 is mostly Q5_0: prefills, 3 lanes of 2-32 rows, 64 greedy one-token steps, every logit equal;
 tests/test_llama_cpp.py checks it). But llama.cpp's CPU backend repacks Q8_0 weights for its multi-row kernels
 and has no such layout for Q5_0, so on an AVX2 Zen 2 with 2 threads the rewritten file stepped one row in 6-12%
-less time, 2-16 rows in 11-22% less and a 300-token prefill in 20% less (docs/backends/llama-cpp.md). It is also
+less time, 2-16 rows in 11-22% less and a 300-token prefill in 20% less (docs/log.md). It is also
 30% larger (637 MB against 491), and where memory bandwidth bounds a step the larger file could be slower: so
 ``weights_for`` measures both on the machine that runs them, at the thread count that will run, and keeps the
 faster; the choice and the rewritten file are cached under ``$SSR_CACHE/gguf/`` (``SSR_RECALIBRATE=1`` measures
