@@ -186,19 +186,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
-    parser = argparse.ArgumentParser(prog="ssr", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show llama.cpp's own log lines (as SSR_VERBOSE=1 does); errors are always shown")
+    parser = argparse.ArgumentParser(prog="ssr", description=__doc__, parents=[common])
     commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("chat", help="a reasoning chat with SSR, compared with plain decoding")
+    p = commands.add_parser("chat", parents=[common],
+                            help="a reasoning chat with SSR, compared with plain decoding")
     p.add_argument("question")
     _config_args(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     p.add_argument("--no-color", action="store_true")
     p.set_defaults(func=chat)
-    p = commands.add_parser("calibrate", help="measure this machine's step costs (and linear kernels) for a model")
+    p = commands.add_parser("calibrate", parents=[common],
+                            help="measure this machine's step costs (and linear kernels) for a model")
     p.add_argument("--model", default=None, help="model name or local directory (default: the embedded model)")
     p.add_argument("--backend", default="auto", help="auto | transformers | vllm | vllm-server | llama.cpp")
     p.set_defaults(func=calibrate)
-    p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (chat completions, streaming, tools)")
+    p = commands.add_parser("serve", parents=[common],
+                            help="an OpenAI-compatible HTTP server (chat completions, streaming, tools)")
     _config_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -214,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"ssr-bench package: {BENCH_INSTALL}); ssr bench --help")
     p.set_defaults(func=lambda args: bench([]))  # `ssr bench ...` is forwarded before parsing, above
     args = parser.parse_args(argv)
+    if getattr(args, "verbose", False):
+        os.environ["SSR_VERBOSE"] = "1"  # read by every llama.cpp backend this process (and its children) loads
     try:
         return args.func(args)
     except ValueError as exc:

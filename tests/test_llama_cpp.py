@@ -6,14 +6,14 @@ The model tests skip without llama-cpp-python (``bash scripts/install_llama_cpp.
 without the embedded model's wheels.
 
 llama.cpp's CPU kernels are not batch-invariant: a position's logits move (by up to ~0.4) with the number of rows
-computed with it. The multi-row mode (``exact=False``: one multi-row decode a step; the default without AMX) is
+computed with it. The multi-row mode (``exact=False``: one multi-row decode a step; the default without AVX-512 VNNI) is
 pinned to its promise: SSR's greedy output equals plain decoding's up to its first difference, which sits at a
 near-tie of plain's (its two best tokens within twice the noise calibration measures, ``ssr.agreement``).
 ``exact=True`` computes every row bitwise as one-row decoding does (on the build scripts/install_llama_cpp.sh makes:
 multi-row decodes with batch-invariant attention; elsewhere: decodes of at most 3 rows), and the tests pin what that
 gives: rows bitwise equal to one-sequence rows, and SSR's greedy output token for token plain decoding's.
-``exact=None`` (the default) is exact mode on an AMX build with install_llama_cpp.sh's patches, the multi-row mode
-elsewhere.
+``exact=None`` (the default) is exact mode on a build with SSR's rows kernels (install_llama_cpp.sh on a CPU with
+AVX-512 VNNI, AMX or not), the multi-row mode elsewhere.
 """
 
 from __future__ import annotations
@@ -191,14 +191,19 @@ def exact_rows(backend):
 
 @pytest.mark.real_model
 def test_default_mode_is_exact_where_it_costs_no_more(backend):
-    """``exact=None`` (the default): the bitwise mode on an AMX build with install_llama_cpp.sh's patches (the AMX
-    layout and the reference attention, as fast as the multi-row mode there), the multi-row mode elsewhere."""
+    """``exact=None`` (the default): the bitwise mode on a build with SSR's rows kernels and install_llama_cpp.sh's
+    patches (the AMX layout and SSR's attention, as fast as the multi-row mode there: any CPU with AVX-512 VNNI, AMX
+    or not), the multi-row mode elsewhere."""
     from ssr.backends import load_backend
-    from ssr.backends.llama_cpp import _cpu_library, _kernels
+    from ssr.backends.llama_cpp import _cpu_library, _kernels, _rows_kernels
+    from ssr.calibrate import _cpuinfo
 
     b = load_backend("llama.cpp", backend.model_path, DEFAULT_MODEL, n_seq_max=2, n_ctx=512)
     try:
-        expected = "AMX_INT8" in _kernels(b._ll) and _cpu_library(b._ll).reference_attention
+        built_with = _kernels(b._ll)
+        if "avx512_vnni" in (_cpuinfo().get("flags") or "").split() and "AVX512_VNNI" in built_with:
+            assert "AMX_INT8" in built_with  # the script builds SSR's rows kernels wherever the CPU has VNNI
+        expected = _rows_kernels(built_with) and _cpu_library(b._ll).reference_attention
         assert b.exact == b.row_exact == b.batch_invariant == expected
         if expected:
             assert b.amx  # the AMX layout kept
@@ -320,14 +325,15 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     """On the build install_llama_cpp.sh makes (reference attention), exact mode keeps a step in one multi-row decode
     (rows counted) and its rows are bitwise one-row decoding's also where a one-row decode would split its keys
     across threads (512 cached cells on), beside other lanes, and after a prompt prefilled in other pieces."""
-    from ssr.backends.llama_cpp import _kernels
+    from ssr.backends.llama_cpp import _kernels, _rows_kernels
 
     backend = exact_rows
     if not backend.batch_invariant:
         pytest.skip("this llama.cpp build lacks scripts/install_llama_cpp.sh's attention patch: exact mode splits rows")
-    # on an AMX build the weights stay in the AMX layout: every decode below, one row or 19, goes through SSR's VNNI
-    # kernels (install_llama_cpp.sh; SSR_AMX_VNNI_ROWS=12 sends the 19 rows to AMX tiles, which hold this too)
-    assert backend.amx == ("AMX_INT8" in _kernels(backend._ll))
+    # on a build with SSR's rows kernels the weights stay in the AMX layout: every decode below, one row or 19, goes
+    # through them (install_llama_cpp.sh; with AMX, SSR_AMX_VNNI_ROWS=12 sends the 19 rows to its tiles, which hold
+    # this too)
+    assert backend.amx == _rows_kernels(_kernels(backend._ll))
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()

@@ -58,6 +58,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
     parser.add_argument("--micro", action="store_true", help="run the engine microbenchmarks instead (cost table, batched step, verify pass, RSS)")
     parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd; e: step cost against the context)")
+    parser.add_argument("--micro-contexts", default="64,1024,2048", metavar="LIST",
+                        help="part e: the lane lengths (tokens) to step at (default 64,1024,2048)")
+    parser.add_argument("--micro-rows", default="1,4,8", metavar="LIST",
+                        help="part e: the rows a step computes (default 1,4,8; 1,2,4,8,16 for step shapes)")
     parser.add_argument("--concurrency", default=None, metavar="LIST",
                         help="load mode instead: N requests at once for each N of the comma list (e.g. 1,2,4,8,16), "
                              "plain vs SSR: throughput, p50/p95 latency, time vs one by one (load.md, load.png)")
@@ -109,7 +113,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         result = run_micro(out, model=args.model, backend=args.backend, preset=args.preset, n=args.n,
                            parts=args.micro_parts, log=lambda s: print(s, file=sys.stderr, flush=True),
-                           overrides=overrides)
+                           overrides=overrides, backend_kwargs=backend_kwargs(args.backend_arg),
+                           contexts=tuple(int(c) for c in _split([args.micro_contexts])),
+                           rows=tuple(int(r) for r in _split([args.micro_rows])))
         print((out / "micro.md").read_text())
         return 0 if result else 1
     suites = _split(args.suite) or list(PRESET_SUITES[args.preset])

@@ -254,8 +254,10 @@ def peak_rss(methods: tuple[str, ...], model: str | None, backend: str, preset: 
 
 def run_micro(out: Path, model: str | None = None, backend: str = "transformers", preset: str = "default",
               n: int | None = None, parts: str = "abcd", log=print,
-              overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the chosen parts and write ``micro.json`` and ``micro.md`` into ``out``."""
+              overrides: dict[str, Any] | None = None, backend_kwargs: dict[str, Any] | None = None,
+              contexts: tuple[int, ...] = (64, 1024, 2048), rows: tuple[int, ...] = (1, 4, 8)) -> dict[str, Any]:
+    """Run the chosen parts and write ``micro.json`` and ``micro.md`` into ``out`` (``contexts`` and ``rows``: part
+    (e)'s lane lengths and row counts; ``backend_kwargs``: the engine's backend arguments, as ``--backend-arg``)."""
     smoke = preset == "smoke"
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"model": model or "default", "backend": backend, "preset": preset}
@@ -271,7 +273,7 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
         from .runner import load_engine
 
         log(f"loading model {model or 'default'} ...")
-        engine = load_engine(model, backend)
+        engine = load_engine(model, backend, **(backend_kwargs or {}))
     if engine is not None:
         log("calibrating: linear kernel per row count, then the lanes x tokens step-cost table ...")
         result["calibration"] = calibration(engine)
@@ -287,8 +289,9 @@ def run_micro(out: Path, model: str | None = None, backend: str = "transformers"
         log(f"(c) end to end on {items} HumanEval prompts: plain vs ssr ...")
         result["c_end_to_end"] = end_to_end(engine, out / "e2e", items, preset, model, backend, overrides)
     if "e" in parts:
-        log("(e) a step's cost against the context: 1, 4 and 8 rows at 64, 1024 and 2048 tokens, interleaved ...")
-        result["e_context_cost"] = context_cost(engine, reps=3 if smoke else 8, warmup=1 if smoke else 2)
+        log(f"(e) a step's cost against the context: {rows} rows at {contexts} tokens, interleaved ...")
+        result["e_context_cost"] = context_cost(engine, contexts, rows, reps=3 if smoke else 8,
+                                                warmup=1 if smoke else 2)
     (out / "micro.json").write_text(json.dumps(result, indent=2))
     (out / "micro.md").write_text(micro_markdown(result))
     return result

@@ -12,9 +12,10 @@
 // operation (integer dot products, exact in any order, then the same float multiply-adds in the same order), so a
 // row's output has the bits it has when that row is decoded alone, through ggml's kernel or these.
 //
+// They need AVX-512 VNNI only: on a CPU without AMX (ssr_amx_cpu.h) they run every batch of their weight types.
 // SSR_AMX_VNNI_ROWS=N (environment, read once) sends batches of more than N rows to ggml's AMX tiles (0: every
-// batch), for a machine where the tiles measure faster; unset, every batch takes these kernels. Q4_K batches of
-// 24 rows or more (SSR_AMX_TILE_ROWS) go through SSR's own AMX tile kernel below, with the same bits a row.
+// batch), for a machine where the tiles measure faster; unset, every batch takes these kernels. Q4_K and Q6_K
+// batches of 32 rows or more (SSR_AMX_TILE_ROWS) go through SSR's own AMX tile kernel below, with the same bits a row.
 
 #pragma once
 
@@ -22,21 +23,17 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ssr_amx_cpu.h"
+
 template <typename TB> struct ssr_has_rows_kernel : std::integral_constant<bool,
     std::is_same<TB, block_q4_K>::value ||
     std::is_same<TB, block_q6_K>::value ||
     std::is_same<TB, block_q8_0>::value> {};
 
-inline bool ssr_rows_type(enum ggml_type type) {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q8_0;
-}
-
+// The most rows a batch may have to take these kernels (more go to ggml's AMX tiles): unset, every batch (measured
+// faster than the tiles at every batch up to 512 rows); without AMX, every batch whatever the setting.
 inline int ssr_rows_max() {
-    static const int rows = [] {
-        const char * env = getenv("SSR_AMX_VNNI_ROWS");
-        return env ? atoi(env) : INT_MAX;  // measured: faster than the tiles at every batch up to 512 rows
-    }();
-    return rows;
+    return ssr_amx_tiles() ? ssr_rows_env() : INT_MAX;
 }
 
 // Accumulators of ROWS rows x COLS tiles of 16 output columns.
@@ -321,7 +318,7 @@ inline int ssr_tiles_min() {
     static const int rows = [] {
         const char * env = getenv("SSR_AMX_TILE_ROWS");
         const int n = env && *env ? atoi(env) : 32;  // set but empty: as unset
-        return n > 0 ? n : INT_MAX;
+        return n > 0 && ssr_amx_tiles() ? n : INT_MAX;  // never without AMX
     }();
     return rows;
 }
@@ -629,6 +626,7 @@ void ssr_rows_work(int begin, int end, const ggml_tensor * src0, ggml_tensor * d
 inline bool ssr_rows_mul_mat(const ggml_compute_params * params, const ggml_tensor * src0, ggml_tensor * dst,
                              const void * wdata, int M, int N, int K, int ldc, int64_t n_batch, int64_t ne2) {
     constexpr int COLS = 4;  // output columns a work item: 4 tiles of 16 (2 measured slower)
+    static_assert(TILE_N * COLS == SSR_ROWS_COLUMNS, "ssr_amx_cpu.h names the widths these kernels take");
     constexpr int ROWS = 4;  // rows sharing each unpacked weight block
     const enum ggml_type TYPE = src0->type;
     if (M < 1 || M > ssr_rows_max() || !ssr_rows_type(TYPE) || N % (TILE_N * COLS) != 0) {

@@ -18,11 +18,12 @@ and its batched API fits SSR's lanes one to one:
   puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a near-tie, a position
   where SSR's token lies within twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``)
   of plain's, where either token is the model's (``ssr.agreement``). ``exact=True`` keeps bitwise identity
-  instead, and is the default (``exact=None``) where it costs no more: an AMX build with the script's patches.
+  instead, and is the default (``exact=None``) where it costs no more: a build with the script's patches on a CPU
+  with AVX-512 VNNI, whose matmuls run SSR's rows kernels (``_rows_kernels``; AMX tiles too where the CPU has AMX).
   On the build scripts/install_llama_cpp.sh makes, flash attention is switched to SSR's kernel for exact mode (each
   query row over its own keys in cache order, whatever the batch and wherever those keys lie: the script's
   ``ssr_attention.h``; ggml's reference path for models it does not cover) and the weights stay in the AMX layout
-  on an AMX build (SSR's
+  on a build with SSR's rows kernels (SSR's
   VNNI kernels, which the script adds, run every batch, and give each row the bits ggml's one-row kernel gives it;
   ggml's AMX tiles, with ``SSR_AMX_VNNI_ROWS``, do too) or in the plain layout elsewhere (no repacking): then
   every row's logits are the same bits in any decode (measured: 2-32 rows, lanes side by side, prompts prefilled
@@ -66,8 +67,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..calibrate import dummy_ids, machine
+from ..calibrate import _cpuinfo, dummy_ids, machine
 from ..models import EMBEDDED_MODELS, canonical_name, embedded_files, embedded_tokenizer, gguf_file, read_config
+from . import llama_log
 from .base import Backend, Lane, rows_wanted, stop_token_ids
 from .errors import LlamaCppError
 from .gguf_weights import REWRITE, rewritten, weights_for
@@ -113,11 +115,13 @@ class LlamaCppBackend(Backend[_Lane]):
     ``n_seq_max``: lanes live at once; ``n_ctx``: KV cells for all lanes together (forks share their prefix);
     ``n_threads``: llama.cpp's threads (default: torch's thread count, so ``ssr bench --threads`` applies);
     ``n_batch``: tokens per ``llama_decode`` (longer feeds are split); ``exact``: bitwise the rows one-row decodes
-    compute (default None: True on an AMX build with scripts/install_llama_cpp.sh's patches, where it costs what the
-    multi-row mode costs; else False, one multi-row decode a step with near-ties; see the module docstring);
-    ``repack``: llama.cpp's CPU weight repacking and, on a build with AMX, the AMX weight layout (in exact mode: the
-    AMX layout on an AMX build with the attention patch, the repacking where exact mode splits rows); ``tokenizer``:
-    a Hugging Face tokenizer or the directory of one (default: see the module docstring); ``q5_0_as_q8_0``: load
+    compute (default None: True on a build with SSR's rows kernels and scripts/install_llama_cpp.sh's patches, an
+    AVX-512 VNNI CPU, where it costs what the multi-row mode costs; else False, one multi-row decode a step with
+    near-ties; see the module docstring); ``repack``: llama.cpp's CPU weight repacking and, on a build with SSR's
+    rows kernels, the AMX weight layout (in exact mode: the AMX layout on such a build with the attention patch,
+    the repacking where exact mode splits rows); ``verbose``: llama.cpp's own log lines (``llama_log``; errors are
+    always shown); ``tokenizer``: a Hugging Face tokenizer or the directory of one (default: see the module
+    docstring); ``q5_0_as_q8_0``: load
     the file's Q5_0 tensors rewritten as Q8_0 (the same values: ``ssr.backends.gguf_weights``; default None: where
     that measures faster on this machine, in the multi-row mode and in exact mode on the AMX layout; exact mode on
     the plain layout loads the file as it is, its bitwise promise measured on those kernels only).
@@ -142,7 +146,7 @@ class LlamaCppBackend(Backend[_Lane]):
                               "(pip install 'ssr[llamacpp]' with the build flags it documents)") from exc
         super().__init__()
         self._ll = ll = llama_cpp
-        logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+        llama_log.install(ll, verbose)
         gguf = gguf_file(model_name, model_path)
         self.model_path = str(gguf)
         self.model_name = model_name or gguf.stem
@@ -153,13 +157,12 @@ class LlamaCppBackend(Backend[_Lane]):
         ll.llama_backend_init()
         built_with = _kernels(ll)
         library = _cpu_library(ll)
-        amx_build = "AMX_INT8" in built_with
-        # exact=None: bitwise where that costs what the multi-row mode costs, an AMX build with the attention patch
-        # (measured 2026-12-05: the same seconds a token on HumanEval, plain 2-5% slower on BFCL and the agent
-        # suite, from the reference attention's prefill, which SSR's attention kernel replaced 2026-12-06);
-        # elsewhere exact mode gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie
-        # promise is the default there
-        self.exact = self.row_exact = bool(exact) if exact is not None else amx_build and library.reference_attention
+        rows_kernels = _rows_kernels(built_with)
+        # exact=None: bitwise where that costs what the multi-row mode costs: a build whose matmuls run SSR's rows
+        # kernels (AVX-512 VNNI, with or without AMX) and whose attention has SSR's patch; elsewhere exact mode
+        # gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie promise is the default
+        self.exact = self.row_exact = (bool(exact) if exact is not None
+                                       else rows_kernels and library.reference_attention)
         # finished requests' lanes kept for later prompts that start with their tokens (an agent's next step extends
         # its last one; its conversations share the system prompt and tools): a fork shares the parked lane's cells.
         # Exact mode keeps 16 (half the default n_seq_max; a running request's new lane takes a parked lane's id if
@@ -178,10 +181,10 @@ class LlamaCppBackend(Backend[_Lane]):
         if not self.exact:
             extra = bool(repack)  # llama.cpp's CPU weight repacking and, on an AMX build, the AMX layout
         elif self.batch_invariant:
-            extra = bool(repack) and amx_build
+            extra = bool(repack) and rows_kernels
         else:
-            extra = bool(repack) and not amx_build
-        self.amx = extra and amx_build
+            extra = bool(repack) and not rows_kernels
+        self.amx = extra and rows_kernels  # the AMX layout: SSR's rows kernels (and AMX tiles where the CPU has them)
         # the build is part of the cost table's key: the same CPU costs differently per build and kernel patch
         self.cost_version = (f"{type(self).cost_version};{','.join(built_with)};{library.digest}"
                              + (";amx" if self.amx else "") + (";reference-attention" if self.batch_invariant else "")
@@ -504,6 +507,16 @@ def _kernels(ll) -> list[str]:
     """The CPU features this llama.cpp build compiled kernels for (``llama_print_system_info``: "AVX2 = 1 | ...")."""
     info = ll.llama_print_system_info().decode("utf-8", "replace")
     return sorted(name for name, on in re.findall(r"(\w+) = (\d+)", info) if on != "0")
+
+
+def _rows_kernels(built_with: list[str]) -> bool:
+    """Whether SSR's rows kernels run this build's matmuls of their weight types: built (they live in ggml's AMX
+    backend, which install_llama_cpp.sh builds wherever the CPU has AVX-512 VNNI) and, on a CPU without AMX tiles,
+    not turned off with ``SSR_AMX_VNNI_ROWS=0`` (which there hands every matmul to ggml's own kernels)."""
+    if "AMX_INT8" not in built_with:
+        return False
+    tiles = "amx_tile" in (_cpuinfo().get("flags") or "").split()
+    return tiles or os.environ.get("SSR_AMX_VNNI_ROWS", "").strip() != "0"
 
 
 def _cpu_library(ll) -> SimpleNamespace:
