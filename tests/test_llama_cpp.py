@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,7 +204,7 @@ def test_default_mode_is_exact_where_it_costs_no_more(backend):
         built_with = _kernels(b._ll)
         if "avx512_vnni" in (_cpuinfo().get("flags") or "").split() and "AVX512_VNNI" in built_with:
             assert "AMX_INT8" in built_with  # the script builds SSR's rows kernels wherever the CPU has VNNI
-        expected = _rows_kernels(built_with) and _cpu_library(b._ll).reference_attention
+        expected = _rows_kernels(built_with, Path(b.model_path)) and _cpu_library(b._ll).reference_attention
         assert b.exact == b.row_exact == b.batch_invariant == expected
         if expected:
             assert b.amx  # the AMX layout kept
@@ -333,7 +334,7 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     # on a build with SSR's rows kernels the weights stay in the AMX layout: every decode below, one row or 19, goes
     # through them (install_llama_cpp.sh; with AMX, SSR_AMX_VNNI_ROWS=12 sends the 19 rows to its tiles, which hold
     # this too)
-    assert backend.amx == _rows_kernels(_kernels(backend._ll))
+    assert backend.amx == _rows_kernels(_kernels(backend._ll), Path(backend.model_path))
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()
@@ -692,3 +693,25 @@ def test_llama_cpp_peer_runs_in_a_process_of_its_own(backend, prompt_ids):
     finally:
         peer.close()
     assert not peer._proc.is_alive() and peer._proc.exitcode == 0
+
+
+@pytest.mark.parametrize("flags, built, env, types, expected", [
+    ("avx512_vnni amx_tile amx_int8", ["AMX_INT8"], None, {"Q4_0", "F16"}, True),  # AMX: ggml's tiles keep the rest
+    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q5_0", "Q8_0", "Q6_K", "Q4_K"}, True),  # the embedded models
+    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q4_0"}, False),  # Q4_0 would go to ggml's repacked gemm
+    ("avx512_vnni", ["AMX_INT8"], "0", {"F32", "Q8_0"}, False),  # SSR's kernels turned off
+    ("avx2", ["AVX2"], None, {"F32", "Q8_0"}, False),  # not built: no AVX-512 VNNI
+])
+def test_exact_by_default_only_where_every_matmul_keeps_a_rows_bits(monkeypatch, tmp_path, flags, built, env, types,
+                                                                     expected):
+    """The default mode's decision (``_rows_kernels``): on a CPU without AMX tiles, SSR's row kernels make exact
+    mode the default only for files whose every tensor type computes a row alike in any batch."""
+    from ssr.backends import llama_cpp as backend_module
+
+    monkeypatch.setattr(backend_module, "_cpuinfo", lambda: {"flags": flags})
+    monkeypatch.setattr(backend_module, "tensor_types", lambda path: Counter(types))
+    if env is None:
+        monkeypatch.delenv("SSR_AMX_VNNI_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("SSR_AMX_VNNI_ROWS", env)
+    assert backend_module._rows_kernels(built, tmp_path / "model.gguf") is expected

@@ -50,6 +50,24 @@ struct block_q8_0 { ggml_half d; int8_t qs[32]; };
 #include "ssr_amx_cpu.h"
 """
 
+# The rows kernel over one block of 64 output columns, M rows grouped as ssr_rows_work groups them (4 at a time, the
+# rest in a smaller group); after the kernels in every program below.
+GROUPED = r"""
+template <typename TB, typename TA>
+void grouped_rows(int KB, const TA * A, int M, const char * Bn, float * C, int ldc) {
+    for (int m = 0; m < M; m += 4) {
+        const TA * Am = A + (size_t)m * KB;
+        float * Cm = C + (size_t)m * ldc;
+        switch (std::min(4, M - m)) {
+            case 1: ssr_rows_kernel<TB, 1, 4>::apply(KB, Am, Bn, Cm, ldc); break;
+            case 2: ssr_rows_kernel<TB, 2, 4>::apply(KB, Am, Bn, Cm, ldc); break;
+            case 3: ssr_rows_kernel<TB, 3, 4>::apply(KB, Am, Bn, Cm, ldc); break;
+            default: ssr_rows_kernel<TB, 4, 4>::apply(KB, Am, Bn, Cm, ldc); break;
+        }
+    }
+}
+"""
+
 TILES_MAIN = r"""
 // packed weights as ggml lays them out, random but for the fields with a fixed range
 static void fill(block_q4_K *, char * tile) {  // 6-bit scales and mins, f16 d and dmin
@@ -83,16 +101,7 @@ template <typename TB> int check() {
     for (int M : {8, 9, 12, 16, 17, 24, 31, 32, 100}) {
         for (int nb = 0; nb < N / 64; ++nb) {
             const char * Bn = B + PACKED_INDEX(nb * 4, 0, KB, TS);
-            for (int m = 0; m < M; m += 4) {  // the rows kernel, as ssr_rows_work groups the rows
-                const block_q8_K * Am = A + (size_t)m * KB;
-                float * Cm = rows + (size_t)m * N + nb * 64;
-                switch (std::min(4, M - m)) {
-                    case 1: ssr_rows_kernel<TB, 1, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    case 2: ssr_rows_kernel<TB, 2, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    case 3: ssr_rows_kernel<TB, 3, 4>::apply(KB, Am, Bn, Cm, N); break;
-                    default: ssr_rows_kernel<TB, 4, 4>::apply(KB, Am, Bn, Cm, N); break;
-                }
-            }
+            grouped_rows<TB>(KB, A, M, Bn, rows + nb * 64, N);
             ssr_tiles_configure();
             ssr_tiles<TB>(KB, A, M, Bn, 4, tiles + nb * 64, N);
             ssr_tiles_restore();
@@ -148,20 +157,10 @@ template <> struct traits<block_q6_K> {
     static void fill_a(TA & a) { fill_q8_K(a); }
 };
 
-// M rows grouped as ssr_rows_work groups them (4 at a time, the rest in a smaller group), into C (N columns).
+// M rows into C (N columns), every block of 64 columns in turn.
 template <typename TB> void rows(int KB, const typename traits<TB>::TA * A, int M, const char * B, int N, float * C) {
     for (int nb = 0; nb < N / 64; ++nb) {
-        const char * Bn = B + PACKED_INDEX(nb * 4, 0, KB, traits<TB>::TS);
-        for (int m = 0; m < M; m += 4) {
-            const auto * Am = A + (size_t)m * KB;
-            float * Cm = C + (size_t)m * N + nb * 64;
-            switch (std::min(4, M - m)) {
-                case 1: ssr_rows_kernel<TB, 1, 4>::apply(KB, Am, Bn, Cm, N); break;
-                case 2: ssr_rows_kernel<TB, 2, 4>::apply(KB, Am, Bn, Cm, N); break;
-                case 3: ssr_rows_kernel<TB, 3, 4>::apply(KB, Am, Bn, Cm, N); break;
-                default: ssr_rows_kernel<TB, 4, 4>::apply(KB, Am, Bn, Cm, N); break;
-            }
-        }
+        grouped_rows<TB>(KB, A, M, B + PACKED_INDEX(nb * 4, 0, KB, traits<TB>::TS), C + nb * 64, N);
     }
 }
 
@@ -233,7 +232,7 @@ def test_rows_kernels_give_a_row_its_bits_alone_in_every_batch(tmp_path):
     """Q8_0, Q4_K, Q6_K: every row of a batch of 1 to 16 rows, in every place of its group of four, has the bits
     it has computed alone (exact mode's promise on every CPU these kernels run on, AMX or not)."""
     _needs("avx512bw", "avx512vl", "avx512_vnni")
-    exe = _compile(tmp_path, "rows", PRELUDE + _kernels_part() + ROWS_MAIN)
+    exe = _compile(tmp_path, "rows", PRELUDE + _kernels_part() + GROUPED + ROWS_MAIN)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "Q8_0 identical, Q4_K identical, Q6_K identical", out
 
@@ -243,7 +242,7 @@ def test_tiles_give_the_rows_kernels_bits_at_every_batch_size(tmp_path):
     activations' extremes), and its float operations are the rows kernel's function: every row bitwise equal, for
     full groups of 16 rows, padded last groups, and many groups."""
     _needs("avx512_vnni", "amx_int8", "amx_tile")
-    exe = _compile(tmp_path, "tiles", PRELUDE + _kernels_part() + TILES_MAIN)
+    exe = _compile(tmp_path, "tiles", PRELUDE + _kernels_part() + GROUPED + TILES_MAIN)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     if out.strip() == "no-amx":
         pytest.skip("the kernel refuses this process AMX state (arch_prctl)")

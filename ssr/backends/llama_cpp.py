@@ -72,7 +72,7 @@ from ..models import EMBEDDED_MODELS, canonical_name, embedded_files, embedded_t
 from . import llama_log
 from .base import Backend, Lane, rows_wanted, stop_token_ids
 from .errors import LlamaCppError
-from .gguf_weights import REWRITE, rewritten, weights_for
+from .gguf_weights import REWRITE, rewritten, tensor_types, weights_for
 
 DEFAULT_N_SEQ_MAX = 32  # lanes live at once (every request's thinking lane and drafts)
 # KV cells shared by every lane (forked lanes share their prefix's cells) and the parked lanes of finished requests:
@@ -157,7 +157,7 @@ class LlamaCppBackend(Backend[_Lane]):
         ll.llama_backend_init()
         built_with = _kernels(ll)
         library = _cpu_library(ll)
-        rows_kernels = _rows_kernels(built_with)
+        rows_kernels = _rows_kernels(built_with, gguf)
         # exact=None: bitwise where that costs what the multi-row mode costs: a build whose matmuls run SSR's rows
         # kernels (AVX-512 VNNI, with or without AMX) and whose attention has SSR's patch; elsewhere exact mode
         # gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie promise is the default
@@ -509,14 +509,30 @@ def _kernels(ll) -> list[str]:
     return sorted(name for name, on in re.findall(r"(\w+) = (\d+)", info) if on != "0")
 
 
-def _rows_kernels(built_with: list[str]) -> bool:
-    """Whether SSR's rows kernels run this build's matmuls of their weight types: built (they live in ggml's AMX
-    backend, which install_llama_cpp.sh builds wherever the CPU has AVX-512 VNNI) and, on a CPU without AMX tiles,
-    not turned off with ``SSR_AMX_VNNI_ROWS=0`` (which there hands every matmul to ggml's own kernels)."""
+# The tensor types whose every matmul computes a row alike in any batch on a CPU without AMX tiles: SSR's row kernels
+# (Q4_K, Q6_K, Q8_0), and the plain layout's per-row paths for Q5_0 (no CPU repacking exists for it) and F32 (the
+# norms). Others (Q4_0, Q5_K, IQ4_NL, F16, ...) would go to ggml's repacked kernels there, whose rows round with the
+# batch; with AMX ggml's tiles take them, which keep a row's bits.
+ROW_EXACT_TYPES = frozenset({"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+
+
+def _rows_kernels(built_with: list[str], gguf: Path | None = None) -> bool:
+    """Whether SSR's rows kernels run this build's matmuls and keep every row of ``gguf`` batch-invariant: built
+    (they live in ggml's AMX backend, which install_llama_cpp.sh builds wherever the CPU has AVX-512 VNNI) and, on a
+    CPU without AMX tiles, not turned off with ``SSR_AMX_VNNI_ROWS=0`` (which there hands every matmul to ggml's own
+    kernels) and covering the file's tensor types (``ROW_EXACT_TYPES``)."""
     if "AMX_INT8" not in built_with:
         return False
-    tiles = "amx_tile" in (_cpuinfo().get("flags") or "").split()
-    return tiles or os.environ.get("SSR_AMX_VNNI_ROWS", "").strip() != "0"
+    if "amx_tile" in (_cpuinfo().get("flags") or "").split():
+        return True
+    if os.environ.get("SSR_AMX_VNNI_ROWS", "").strip() == "0":
+        return False
+    if gguf is None:
+        return True
+    try:
+        return set(tensor_types(gguf)) <= ROW_EXACT_TYPES
+    except (OSError, ValueError):  # not a file this reader knows: llama.cpp's loader, next, says what is wrong
+        return False
 
 
 def _cpu_library(ll) -> SimpleNamespace:
