@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import methods as M
+from . import micro
 from .agent import FRONTS
 from .suites import NEEDS_DATA, SUITES, data_dir_from
 
@@ -58,10 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="budgets; smoke = a couple of items with tiny budgets (CI)")
     parser.add_argument("--micro", action="store_true", help="run the engine microbenchmarks instead (cost table, batched step, verify pass, RSS)")
     parser.add_argument("--micro-parts", default="abcd", help="which microbenchmarks to run (default: abcd; e: step cost against the context)")
-    parser.add_argument("--micro-contexts", default="64,1024,2048", metavar="LIST",
-                        help="part e: the lane lengths (tokens) to step at (default 64,1024,2048)")
-    parser.add_argument("--micro-rows", default="1,4,8", metavar="LIST",
-                        help="part e: the rows a step computes (default 1,4,8; 1,2,4,8,16 for step shapes)")
+    parser.add_argument("--micro-contexts", default=",".join(map(str, micro.CONTEXTS)), metavar="LIST",
+                        help="part e: the lane lengths (tokens) to step at (default %(default)s)")
+    parser.add_argument("--micro-rows", default=",".join(map(str, micro.ROWS)), metavar="LIST",
+                        help="part e: the rows a step computes (default %(default)s; 1,2,4,8,16 for step shapes)")
     parser.add_argument("--concurrency", default=None, metavar="LIST",
                         help="load mode instead: N requests at once for each N of the comma list (e.g. 1,2,4,8,16), "
                              "plain vs SSR: throughput, p50/p95 latency, time vs one by one (load.md, load.png)")
@@ -109,13 +110,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         print((out / "load.md").read_text())
         return 0
     if args.micro:
-        from .micro import run_micro
-
-        result = run_micro(out, model=args.model, backend=args.backend, preset=args.preset, n=args.n,
-                           parts=args.micro_parts, log=lambda s: print(s, file=sys.stderr, flush=True),
-                           overrides=overrides, backend_kwargs=backend_kwargs(args.backend_arg),
-                           contexts=tuple(int(c) for c in _split([args.micro_contexts])),
-                           rows=tuple(int(r) for r in _split([args.micro_rows])))
+        result = micro.run_micro(out, model=args.model, backend=args.backend, preset=args.preset, n=args.n,
+                                 parts=args.micro_parts, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                 overrides=overrides, backend_kwargs=backend_kwargs(args.backend_arg),
+                                 contexts=tuple(int(c) for c in _split([args.micro_contexts])),
+                                 rows=tuple(int(r) for r in _split([args.micro_rows])))
         print((out / "micro.md").read_text())
         return 0 if result else 1
     suites = _split(args.suite) or list(PRESET_SUITES[args.preset])

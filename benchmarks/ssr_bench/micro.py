@@ -29,6 +29,8 @@ from typing import Any
 
 TARGET_BATCHED = 1.1
 TARGET_VERIFY = 0.05
+CONTEXTS = (64, 1024, 2048)  # part (e)'s lane lengths (tokens) and row counts, unless the caller names others
+ROWS = (1, 4, 8)
 
 
 def _context_ids(engine, min_tokens: int) -> list[int]:
@@ -119,7 +121,7 @@ def verify_ratio(engine, n_tokens: int = 256, context: int = 300, reps: int = 3)
             "cpu_ratio": round(cp / cpu_sequential, 5) if cpu_sequential else None, "threads": _threads()}
 
 
-def context_cost(engine, contexts: tuple[int, ...] = (64, 1024, 2048), rows: tuple[int, ...] = (1, 4, 8),
+def context_cost(engine, contexts: tuple[int, ...] = CONTEXTS, rows: tuple[int, ...] = ROWS,
                  reps: int = 8, warmup: int = 2) -> dict[str, Any]:
     """(e): a step of each row count on a lane of each context length, the (context, rows) pairs interleaved
     round after round so that drift hits every pair alike; each step is truncated away after it."""
@@ -255,7 +257,7 @@ def peak_rss(methods: tuple[str, ...], model: str | None, backend: str, preset: 
 def run_micro(out: Path, model: str | None = None, backend: str = "transformers", preset: str = "default",
               n: int | None = None, parts: str = "abcd", log=print,
               overrides: dict[str, Any] | None = None, backend_kwargs: dict[str, Any] | None = None,
-              contexts: tuple[int, ...] = (64, 1024, 2048), rows: tuple[int, ...] = (1, 4, 8)) -> dict[str, Any]:
+              contexts: tuple[int, ...] = CONTEXTS, rows: tuple[int, ...] = ROWS) -> dict[str, Any]:
     """Run the chosen parts and write ``micro.json`` and ``micro.md`` into ``out`` (``contexts`` and ``rows``: part
     (e)'s lane lengths and row counts; ``backend_kwargs``: the engine's backend arguments, as ``--backend-arg``)."""
     smoke = preset == "smoke"
