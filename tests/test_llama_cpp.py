@@ -204,10 +204,12 @@ def test_default_mode_is_exact_where_it_costs_no_more(backend):
         built_with = _kernels(b._ll)
         if "avx512_vnni" in (_cpuinfo().get("flags") or "").split() and "AVX512_VNNI" in built_with:
             assert "AMX_INT8" in built_with  # the script builds SSR's rows kernels wherever the CPU has VNNI
-        expected = _rows_kernels(built_with, Path(b.model_path)) and _cpu_library(b._ll).reference_attention
+        library = _cpu_library(b._ll)
+        kernels = _rows_kernels(built_with, Path(b.model_path), library.x86_rows)
+        expected = bool(kernels) and library.reference_attention
         assert b.exact == b.row_exact == b.batch_invariant == expected
         if expected:
-            assert b.amx  # the AMX layout kept
+            assert b.amx == (kernels == "amx") and b.x86_rows == (kernels == "x86")  # the AMX layout, or ggml's
     finally:
         b.close()
 
@@ -326,7 +328,7 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     """On the build install_llama_cpp.sh makes (reference attention), exact mode keeps a step in one multi-row decode
     (rows counted) and its rows are bitwise one-row decoding's also where a one-row decode would split its keys
     across threads (512 cached cells on), beside other lanes, and after a prompt prefilled in other pieces."""
-    from ssr.backends.llama_cpp import _kernels, _rows_kernels
+    from ssr.backends.llama_cpp import _cpu_library, _kernels, _rows_kernels
 
     backend = exact_rows
     if not backend.batch_invariant:
@@ -334,7 +336,8 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     # on a build with SSR's rows kernels the weights stay in the AMX layout: every decode below, one row or 19, goes
     # through them (install_llama_cpp.sh; with AMX, SSR_AMX_VNNI_ROWS=12 sends the 19 rows to its tiles, which hold
     # this too)
-    assert backend.amx == _rows_kernels(_kernels(backend._ll), Path(backend.model_path))
+    kernels = _rows_kernels(_kernels(backend._ll), Path(backend.model_path), _cpu_library(backend._ll).x86_rows)
+    assert backend.amx == (kernels == "amx") and backend.x86_rows == (kernels == "x86")
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()
@@ -629,6 +632,8 @@ def test_llama_server_replays_plain_with_its_forced_text(backend, engine):
 
     if find_server() is None:
         pytest.skip("no llama-server build (bash scripts/install_llama_cpp.sh --tools builds one)")
+    if backend.x86_rows:  # the server runs ggml's multi-row kernels, which round a row otherwise at near-ties
+        pytest.skip("exact mode on ggml's layout (SSR's x86 rows kernels): the server computes its rows otherwise")
     messages = [{"role": "user", "content": PROMPTS[0]}]
     budget = dict(BUDGET, max_think_tokens=24)
     result = engine.generate(messages, config=SSRConfig(enabled=False, **budget))
@@ -696,11 +701,13 @@ def test_llama_cpp_peer_runs_in_a_process_of_its_own(backend, prompt_ids):
 
 
 @pytest.mark.parametrize("flags, built, env, types, expected", [
-    ("avx512_vnni amx_tile amx_int8", ["AMX_INT8"], None, {"Q4_0", "F16"}, True),  # AMX: ggml's tiles keep the rest
-    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q5_0", "Q8_0", "Q6_K", "Q4_K"}, True),  # the embedded models
-    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q4_0"}, False),  # Q4_0 would go to ggml's repacked gemm
-    ("avx512_vnni", ["AMX_INT8"], "0", {"F32", "Q8_0"}, False),  # SSR's kernels turned off
-    ("avx2", ["AVX2"], None, {"F32", "Q8_0"}, False),  # not built: no AVX-512 VNNI
+    ("avx512_vnni amx_tile amx_int8", ["AMX_INT8"], None, {"Q4_0", "F16"}, "amx"),  # AMX: ggml's tiles keep the rest
+    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q5_0", "Q8_0", "Q6_K", "Q4_K"}, "amx"),  # the embedded models
+    ("avx512_vnni", ["AMX_INT8"], None, {"F32", "Q4_0"}, None),  # Q4_0 would go to ggml's repacked gemm
+    ("avx512_vnni", ["AMX_INT8"], "0", {"F32", "Q8_0"}, None),  # SSR's kernels turned off
+    ("avx2", ["AVX2"], None, {"F32", "Q8_0"}, "x86"),  # SSR's kernels on ggml's layout (patch 0007)
+    ("avx2", ["AVX2"], None, {"F32", "Q4_0"}, None),  # Q4_0 would take ggml's per-row kernel, a row's arithmetic each
+    ("avx2", ["AVX2"], "0", {"F32", "Q8_0"}, None),  # SSR_X86_ROWS=0
 ])
 def test_exact_by_default_only_where_every_matmul_keeps_a_rows_bits(monkeypatch, tmp_path, flags, built, env, types,
                                                                      expected):
@@ -710,8 +717,9 @@ def test_exact_by_default_only_where_every_matmul_keeps_a_rows_bits(monkeypatch,
 
     monkeypatch.setattr(backend_module, "_cpuinfo", lambda: {"flags": flags})
     monkeypatch.setattr(backend_module, "tensor_types", lambda path: Counter(types))
-    if env is None:
-        monkeypatch.delenv("SSR_AMX_VNNI_ROWS", raising=False)
-    else:
-        monkeypatch.setenv("SSR_AMX_VNNI_ROWS", env)
-    assert backend_module._rows_kernels(built, tmp_path / "model.gguf") is expected
+    for name in ("SSR_AMX_VNNI_ROWS", "SSR_X86_ROWS"):
+        if env is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, env)
+    assert backend_module._rows_kernels(built, tmp_path / "model.gguf", x86_rows=True) == expected

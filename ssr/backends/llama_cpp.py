@@ -18,8 +18,9 @@ and its batched API fits SSR's lanes one to one:
   puts the whole step in one decode: SSR's greedy tokens then equal plain decoding's up to a near-tie, a position
   where SSR's token lies within twice the kernel noise that calibration measures (``ssr.calibrate.measure_noise``)
   of plain's, where either token is the model's (``ssr.agreement``). ``exact=True`` keeps bitwise identity
-  instead, and is the default (``exact=None``) where it costs no more: a build with the script's patches on a CPU
-  with AVX-512 VNNI, whose matmuls run SSR's rows kernels (``_rows_kernels``; AMX tiles too where the CPU has AMX).
+  instead, and is the default (``exact=None``) on a build with the script's patches whose matmuls run SSR's rows
+  kernels (``_rows_kernels``): on SSR's AVX-512 layout where the CPU has AVX-512 VNNI (AMX tiles too where it has
+  AMX), on ggml's own layout elsewhere on x86 (patch 0007: AVX2).
   On the build scripts/install_llama_cpp.sh makes, flash attention is switched to SSR's kernel for exact mode (each
   query row over its own keys in cache order, whatever the batch and wherever those keys lie: the script's
   ``ssr_attention.h``; ggml's reference path for models it does not cover) and the weights stay in the AMX layout
@@ -38,7 +39,8 @@ Q8_0 for its multi-row kernels and computes the same bits from both files (measu
 one-token steps), so only the time changes (on an AVX2 Zen 2, 6-12% off a one-token step, 12-15% off 4 rows, 20%
 off a prefill). In exact mode on the AMX layout the Q8_0 tensors go through SSR's VNNI kernels, which keep every row
 bitwise in any batch, where ggml's Q5_0 kernels ran before (on the AMX Xeon: 30% off a one-token step, 34-36% off
-4-16 rows, 52% off a prefill); exact mode elsewhere (the plain layout) keeps the file, not measured there.
+4-16 rows, 52% off a prefill); on ggml's layout SSR's x86 rows kernels take Q8_0 too, and the choice is measured
+in exact mode.
 ``weights_path`` is the file loaded, ``model_path`` the one named (the benchmark's peers run that one).
 
 What a step costs here differs from the transformers backend (on one CPU core every extra row costs about a whole
@@ -157,12 +159,13 @@ class LlamaCppBackend(Backend[_Lane]):
         ll.llama_backend_init()
         built_with = _kernels(ll)
         library = _cpu_library(ll)
-        rows_kernels = _rows_kernels(built_with, gguf)
+        rows_kernels = _rows_kernels(built_with, gguf, library.x86_rows)
         # exact=None: bitwise where that costs what the multi-row mode costs: a build whose matmuls run SSR's rows
-        # kernels (AVX-512 VNNI, with or without AMX) and whose attention has SSR's patch; elsewhere exact mode
-        # gives up CPU repacking (or splits rows), so the multi-row mode with its near-tie promise is the default
+        # kernels (on SSR's AVX-512 layout, with or without AMX, or on ggml's layout with AVX2) and whose attention
+        # has SSR's patch; elsewhere exact mode splits rows, so the multi-row mode with its near-tie promise is the
+        # default
         self.exact = self.row_exact = (bool(exact) if exact is not None
-                                       else rows_kernels and library.reference_attention)
+                                       else bool(rows_kernels) and library.reference_attention)
         # finished requests' lanes kept for later prompts that start with their tokens (an agent's next step extends
         # its last one; its conversations share the system prompt and tools): a fork shares the parked lane's cells.
         # Exact mode keeps 16 (half the default n_seq_max; a running request's new lane takes a parked lane's id if
@@ -175,27 +178,32 @@ class LlamaCppBackend(Backend[_Lane]):
         # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (SSR's rows kernels,
         # ggml's one-row kernel and AMX tiles give a row the bits it has alone: measured, and tests/test_llama_cpp.py
         # checks it); CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact mode
-        # on other builds loads the plain layout. Without the patch, exact mode splits the rows (EXACT_ROWS).
+        # on other builds loads the plain layout, where the patched CPU backend runs every matmul per row (SSR's x86
+        # rows kernels for Q8_0, Q4_K and Q6_K, ggml's vec_dot for the rest). Without the patch, exact mode splits
+        # the rows (EXACT_ROWS).
         self.batch_invariant = self.exact and library.reference_attention
         self.released_cells_linger = self.exact  # _retire: a freed lane's cells stay taken while others live
+        amx_layout = rows_kernels == "amx"
         if not self.exact:
             extra = bool(repack)  # llama.cpp's CPU weight repacking and, on an AMX build, the AMX layout
         elif self.batch_invariant:
-            extra = bool(repack) and rows_kernels
+            extra = bool(repack) and amx_layout
         else:
-            extra = bool(repack) and not rows_kernels
-        self.amx = extra and rows_kernels  # the AMX layout: SSR's rows kernels (and AMX tiles where the CPU has them)
+            extra = bool(repack) and not amx_layout
+        self.amx = extra and amx_layout  # the AMX layout: SSR's rows kernels (and AMX tiles where the CPU has them)
+        self.x86_rows = self.batch_invariant and rows_kernels == "x86"  # SSR's rows kernels on ggml's layout
         # the build is part of the cost table's key: the same CPU costs differently per build and kernel patch
         self.cost_version = (f"{type(self).cost_version};{','.join(built_with)};{library.digest}"
-                             + (";amx" if self.amx else "") + (";reference-attention" if self.batch_invariant else "")
+                             + (";amx" if self.amx else "") + (";x86-rows" if self.x86_rows else "")
+                             + (";reference-attention" if self.batch_invariant else "")
                              + "".join(f";{name.lower()}={os.environ[name]}"  # the kernels' row limits, moved
                                        for name in ("SSR_AMX_VNNI_ROWS", "SSR_AMX_TILE_ROWS")
                                        if self.amx and name in os.environ))
         self.tokenizer, config_dir = _hf_tokenizer(gguf, model_name, model_path, tokenizer)
         weights = gguf
-        # the rewrite keeps exact mode's bits on the AMX layout (Q8_0 through SSR's VNNI kernels: measured, and
-        # tests/test_llama_cpp.py checks it); on the plain layout exact mode's Q8_0 kernels are not measured
-        if q5_0_as_q8_0 or (q5_0_as_q8_0 is None and (not self.exact or self.amx)):
+        # the rewrite keeps exact mode's bits where SSR's rows kernels take Q8_0 (tests/test_llama_cpp.py checks
+        # it); elsewhere exact mode's Q8_0 kernels are not measured
+        if q5_0_as_q8_0 or (q5_0_as_q8_0 is None and (not self.exact or self.amx or self.x86_rows)):
             weights = self._weights(gguf, measured=q5_0_as_q8_0 is None, build=self.cost_version)
         self.weights_path = str(weights)  # the file llama.cpp runs (model_path: the one named, which peers load)
         mparams = ll.llama_model_default_params()
@@ -509,40 +517,45 @@ def _kernels(ll) -> list[str]:
     return sorted(name for name, on in re.findall(r"(\w+) = (\d+)", info) if on != "0")
 
 
-# The tensor types whose every matmul computes a row alike in any batch on a CPU without AMX tiles: SSR's row kernels
-# (Q4_K, Q6_K, Q8_0), and the plain layout's per-row paths for Q5_0 (no CPU repacking exists for it) and F32 (the
-# norms). Others (Q4_0, Q5_K, IQ4_NL, F16, ...) would go to ggml's repacked kernels there, whose rows round with the
-# batch; with AMX ggml's tiles take them, which keep a row's bits.
+# The tensor types whose every matmul computes a row alike in any batch, at the cost of its arithmetic only, on a CPU
+# without AMX tiles: SSR's rows kernels (Q4_K, Q6_K, Q8_0), Q5_0 (rewritten as Q8_0 where that measures faster, else
+# ggml's per-row kernel) and F32 (the norms). Others (Q4_0, Q5_K, IQ4_NL, F16, ...) would go to ggml's repacked
+# kernels on SSR's AVX-512 layout, whose rows round with the batch, or to ggml's per-row kernel on its own layout, a
+# whole row's arithmetic a token; with AMX ggml's tiles take them, which keep a row's bits.
 ROW_EXACT_TYPES = frozenset({"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
 
 
-def _rows_kernels(built_with: list[str], gguf: Path | None = None) -> bool:
-    """Whether SSR's rows kernels run this build's matmuls and keep every row of ``gguf`` batch-invariant: built
-    (they live in ggml's AMX backend, which install_llama_cpp.sh builds wherever the CPU has AVX-512 VNNI) and, on a
-    CPU without AMX tiles, not turned off with ``SSR_AMX_VNNI_ROWS=0`` (which there hands every matmul to ggml's own
-    kernels) and covering the file's tensor types (``ROW_EXACT_TYPES``)."""
-    if "AMX_INT8" not in built_with:
-        return False
-    if "amx_tile" in (_cpuinfo().get("flags") or "").split():
-        return True
-    if os.environ.get("SSR_AMX_VNNI_ROWS", "").strip() == "0":
-        return False
+def _rows_kernels(built_with: list[str], gguf: Path | None = None, x86_rows: bool = False) -> str | None:
+    """Which of SSR's rows kernels run this build's matmuls and keep every row of ``gguf`` batch-invariant:
+    ``"amx"``, those on SSR's AVX-512 layout (in ggml's AMX backend, which install_llama_cpp.sh builds wherever the
+    CPU has AVX-512 VNNI; without AMX tiles, unless ``SSR_AMX_VNNI_ROWS=0``); else ``"x86"``, those on ggml's own
+    layout (``x86_rows``: the library has them, patch 0007, built wherever it has AVX2; unless ``SSR_X86_ROWS=0``);
+    else None. Without AMX tiles, only for files whose tensor types they cover (``ROW_EXACT_TYPES``)."""
+    if "AMX_INT8" in built_with and "amx_tile" in (_cpuinfo().get("flags") or "").split():
+        return "amx"
+    if "AMX_INT8" in built_with and os.environ.get("SSR_AMX_VNNI_ROWS", "").strip() != "0":
+        kernels = "amx"
+    elif x86_rows and "AVX2" in built_with and os.environ.get("SSR_X86_ROWS", "").strip() != "0":
+        kernels = "x86"
+    else:
+        return None
     if gguf is None:
-        return True
+        return kernels
     try:
-        return set(tensor_types(gguf)) <= ROW_EXACT_TYPES
+        return kernels if set(tensor_types(gguf)) <= ROW_EXACT_TYPES else None
     except (OSError, ValueError):  # not a file this reader knows: llama.cpp's loader, next, says what is wrong
-        return False
+        return None
 
 
 def _cpu_library(ll) -> SimpleNamespace:
     """What the loaded CPU library (libggml-cpu) is, from its bytes: ``reference_attention``, whether it reads
     ``GGML_CPU_USE_REF`` (the patch scripts/install_llama_cpp.sh applies, which makes flash attention compute each
-    query row alike in any batch); ``digest``, a short hash of the file (a rebuilt library, SSR's multi-row AMX
-    kernels among its patches, is calibrated again)."""
+    query row alike in any batch); ``x86_rows``, whether it has SSR's rows kernels on ggml's own layout (patch
+    0007, which also makes exact mode run every matmul per row); ``digest``, a short hash of the file (a rebuilt
+    library, SSR's multi-row AMX kernels among its patches, is calibrated again)."""
     found = sorted(path for path in Path(ll.llama_cpp._base_path).glob("libggml-cpu*") if path.is_file())
     data = found[0].read_bytes() if found else b""  # libggml-cpu.so (its versioned names hold the same library)
-    return SimpleNamespace(reference_attention=b"GGML_CPU_USE_REF" in data,
+    return SimpleNamespace(reference_attention=b"GGML_CPU_USE_REF" in data, x86_rows=b"SSR_X86_ROWS" in data,
                            digest=hashlib.sha256(data).hexdigest()[:12])
 
 
