@@ -3,9 +3,10 @@
 A proposal's ``i``-th token is accepted, when the ones before it were, with a rate counted online for tokens like it
 (``token_key``): its source, the length of the match that proposed it and, for the suffix index's tokens, their
 ``Support`` there: the share of the context's continuations that were this token and how often the context
-continued. A token is counted with its share as prior, so a fork in the source text is doubted before anything is
-measured (replayed agent steps: tokens that were all of their context's continuations passed 86% of the time, those
-that were under 40% of them 8%; docs/log.md). So a proposal of ``k`` tokens yields on average
+continued. A token is counted with its share as prior (``share_prior``: each continuation seen one observation
+beside ``PRIOR_RATE``'s one), so a fork in the source text is doubted before anything is measured (replayed agent
+steps: tokens that were all of their context's continuations passed 86% of the time, those that were under 40% of
+them 8%; docs/log.md), and so is a context seen once. So a proposal of ``k`` tokens yields on average
 ``1 + r1 + r1 r2 + ... + r1...rk`` tokens per pass (the verifier always adds one of its own). The step that verifies
 it costs ``costs(rows, k + 1)`` against ``costs(rows, 1)`` for a plain step, so the policy proposes the ``k`` that
 maximises tokens per unit of step cost, and nothing when no ``k`` beats the plain step. Counts are engine-wide, so a
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 PRIOR_RATE = 0.6  # per-token acceptance assumed before anything was measured
 PRIOR_WEIGHT = 4.0  # ... worth this many observed positions
+PRIOR_SHARE_WEIGHT = 1.0  # PRIOR_RATE's weight against a suffix token's share, in continuations seen (share_prior)
 PRIOR_DRAFT_YIELD = 0.5  # share of draft tokens the answer accepts, before any draft was scored
 PRIOR_FOUND = 0.5  # share of a phase's passes where a source has a proposal, before any pass was counted
 MATCH_BUCKETS = (1, 2, 4, 8, 16)  # match lengths are counted in buckets: <=1, <=2, <=4, <=8, <=16, more
@@ -59,6 +61,14 @@ def source_kind(source: str) -> str:
 def smoothed(hits: float, trials: float, prior: float) -> float:
     """``hits`` in ``trials``, with ``prior`` counted as ``PRIOR_WEIGHT`` trials seen before them."""
     return (hits + prior * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT)
+
+
+def share_prior(support: Support) -> float:
+    """A suffix token's prior: its share of its context's ``seen`` continuations, each counted as one observation,
+    with ``PRIOR_RATE`` counted as ``PRIOR_SHARE_WEIGHT`` more. A context seen once has a share of 1 by construction;
+    taken as certain, it had a fresh process verify 16 tokens of which 2 passed (the README's question, where such
+    tokens passed about 70% of the time)."""
+    return (support.share * support.seen + PRIOR_RATE * PRIOR_SHARE_WEIGHT) / (support.seen + PRIOR_SHARE_WEIGHT)
 
 
 def token_key(source: str, match_len: int, support: Support | None) -> tuple:
@@ -86,9 +96,10 @@ class AcceptanceCounts:
 
     @staticmethod
     def _tokens(proposal: Proposal) -> list[tuple[tuple, float]]:
-        """Each proposed token's key and prior: its share in the source, ``PRIOR_RATE`` where it has no support."""
+        """Each proposed token's key and prior: its share in the source (``share_prior``), ``PRIOR_RATE`` where it
+        has no support."""
         if proposal.support:
-            return [(token_key(proposal.source, proposal.match_len, s), s.share) for s in proposal.support]
+            return [(token_key(proposal.source, proposal.match_len, s), share_prior(s)) for s in proposal.support]
         return [(token_key(proposal.source, proposal.match_len, None), PRIOR_RATE)] * len(proposal.tokens)
 
     def rates(self, proposal: Proposal) -> list[float]:

@@ -632,8 +632,6 @@ def test_llama_server_replays_plain_with_its_forced_text(backend, engine):
 
     if find_server() is None:
         pytest.skip("no llama-server build (bash scripts/install_llama_cpp.sh --tools builds one)")
-    if backend.x86_rows:  # the server runs ggml's multi-row kernels, which round a row otherwise at near-ties
-        pytest.skip("exact mode on ggml's layout (SSR's x86 rows kernels): the server computes its rows otherwise")
     messages = [{"role": "user", "content": PROMPTS[0]}]
     budget = dict(BUDGET, max_think_tokens=24)
     result = engine.generate(messages, config=SSRConfig(enabled=False, **budget))

@@ -89,10 +89,12 @@ def test_acceptance_counts_are_geometric_runs():
 
 def test_a_suffix_token_is_priced_by_its_support_in_the_source():
     """A token that was every continuation of its context is trusted more than one at a fork of the source text
-    (its share is its prior), and each kind of support learns its own rate: a proposal is cut before a fork."""
+    (its share is its prior, each continuation seen one observation beside the prior rate's one), and each kind of
+    support learns its own rate: a proposal is cut before a fork."""
     sure, fork = Support(1.0, 5), Support(0.3, 10)
     counts = AcceptanceCounts()
-    assert counts.rates(_prop("history", 4, 2, [sure, fork])) == [pytest.approx(1.0), pytest.approx(0.3)]
+    assert counts.rates(_prop("history", 4, 2, [sure, fork])) == [pytest.approx((5 + 0.6) / 6),
+                                                                   pytest.approx((3 + 0.6) / 11)]
     policy = SpeculationPolicy(CostTable(rows=(1,), widths=(1, 4, 8), cost=((1.0, 1.2, 2.0),)), counts)
     assert policy.proposal_length(1, _prop("history", 4, 6, [sure] * 3 + [fork] * 3)) == 3
     for _ in range(100):  # this source's forks are always right, its sure tokens never
@@ -100,7 +102,21 @@ def test_a_suffix_token_is_priced_by_its_support_in_the_source():
         counts.record(_prop("history", 4, 1, [sure]), 0)
     assert policy.proposal_length(1, _prop("history", 4, 6, [sure] * 3 + [fork] * 3)) == 0
     assert policy.proposal_length(1, _prop("history", 4, 6, [fork] * 6)) == 6
-    assert counts.rates(_prop("prompt", 4, 1, [sure])) == [pytest.approx(1.0)]  # another source: its prior
+    assert counts.rates(_prop("prompt", 4, 1, [sure])) == [pytest.approx((5 + 0.6) / 6)]  # another source: its prior
+
+
+def test_a_context_seen_once_is_not_taken_as_certain():
+    """A suffix token whose context continued once has a share of 1 by construction: a fresh process prices it as one
+    observation beside the prior rate (0.8), so where rows cost much (an AVX2 CPU's table) it verifies a few tokens of
+    a long proposal, not all of them; a context seen ten times alike is trusted nearly fully (most of them)."""
+    avx2 = CostTable(rows=(1,), widths=(1, 4, 8, 16), cost=((1.0, 2.40, 3.56, 5.94),))
+    once, often = Support(1.0, 1), Support(1.0, 10)
+    counts = AcceptanceCounts()
+    assert counts.rates(_prop("prompt", 4, 1, [once])) == [pytest.approx(0.8)]
+    assert counts.rates(_prop("prompt", 4, 1, [often])) == [pytest.approx(10.6 / 11)]
+    policy = SpeculationPolicy(avx2, counts)
+    assert 0 < policy.proposal_length(1, _prop("prompt", 4, 15, [once] * 15)) <= 3
+    assert policy.proposal_length(1, _prop("prompt", 4, 15, [often] * 15)) >= 7
 
 
 def test_choices_are_priced_within_the_step_other_requests_share():

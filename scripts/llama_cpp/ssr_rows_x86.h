@@ -7,8 +7,9 @@
 // every token, so each further row of a batch costs nearly a whole one-row step of arithmetic; its multi-row paths
 // (llamafile's tinyBLAS, the tiled K-quant kernels, CPU repacking) share that work but round a row differently with
 // the batch. These kernels are ggml's AVX2 vec_dot for Q8_0, Q4_K and Q6_K, operation for operation per weight row
-// and token, with each weight block loaded and unpacked once for up to four tokens (and, for Q8_0, two weight rows);
-// a lone token runs vec_dot itself.
+// and token, with each weight block loaded and unpacked once for up to eight tokens; a lone token runs vec_dot
+// itself. What stays per token is most of a row's cost on AVX2 (sign, two multiply-adds, a float multiply-add a
+// block): a further row costs a third to half of a one-row step (docs/backends/llama-cpp.md#costs-per-machine-class).
 // Integer dot products are exact in any order and each (weight row, token) keeps its own float accumulator, updated
 // in block order with vec_dot's multiply-adds and reduced with its horizontal sum: a row has vec_dot's bits, the bits
 // it has alone, whatever else is in the batch.
@@ -23,7 +24,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#define SSR_X86_TOKENS 4  // tokens a weight block is unpacked for (a group's accumulators stay in registers)
+#define SSR_X86_TOKENS 8  // tokens a weight block is unpacked for (8 against 4: 10-15% off 8 and 16 tokens)
 
 static inline bool ssr_x86_rows_on(void) {
     static int on = -1;
@@ -54,40 +55,28 @@ static inline __m256i ssr_x86_dot_us8(__m256i ax, __m256i sy) {
 #endif
 }
 
-// Q8_0 weights x Q8_0 tokens: R weight rows (w, w_stride bytes apart) x T tokens (y, y_stride bytes apart), nb
-// blocks each; out[t * out_stride + r].
-static inline __attribute__((always_inline)) void ssr_x86_q8_0(int R, int T, int nb, const char * w, size_t w_stride,
-                                                               const char * y, size_t y_stride, float * out,
-                                                               size_t out_stride) {
-    __m256 acc[2][SSR_X86_TOKENS];
-    for (int r = 0; r < R; ++r) {
-        for (int t = 0; t < T; ++t) {
-            acc[r][t] = _mm256_setzero_ps();
-        }
+// Q8_0 weights (one row) x Q8_0 tokens: ggml_vec_dot_q8_0_q8_0's AVX2 path per token. (Two weight rows a group
+// measured slower from two to four tokens: 21.5 ms against 17.1 for two tokens over 148 MB on one Zen 4 thread.)
+static inline __attribute__((always_inline)) void ssr_x86_q8_0(int T, int nb, const char * w, const char * y,
+                                                               size_t y_stride, float * out, size_t out_stride) {
+    __m256 acc[SSR_X86_TOKENS];
+    for (int t = 0; t < T; ++t) {
+        acc[t] = _mm256_setzero_ps();
     }
     for (int ib = 0; ib < nb; ++ib) {
-        __m256i qx[2], ax[2];
-        float dx[2];
-        for (int r = 0; r < R; ++r) {
-            const block_q8_0 * x = (const block_q8_0 *)(w + r * w_stride) + ib;
-            dx[r] = GGML_CPU_FP16_TO_FP32(x->d);
-            qx[r] = _mm256_loadu_si256((const __m256i *)x->qs);
-            ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
-        }
+        const block_q8_0 * x = (const block_q8_0 *)w + ib;
+        const float dx = GGML_CPU_FP16_TO_FP32(x->d);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+        const __m256i ax = _mm256_sign_epi8(qx, qx);
         for (int t = 0; t < T; ++t) {
             const block_q8_0 * b = (const block_q8_0 *)(y + t * y_stride) + ib;
-            const float dy = GGML_CPU_FP16_TO_FP32(b->d);
             const __m256i qy = _mm256_loadu_si256((const __m256i *)b->qs);
-            for (int r = 0; r < R; ++r) {
-                const __m256 q = _mm256_cvtepi32_ps(ssr_x86_dot_us8(ax[r], _mm256_sign_epi8(qy, qx[r])));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), q, acc[r][t]);
-            }
+            const __m256 q = _mm256_cvtepi32_ps(ssr_x86_dot_us8(ax, _mm256_sign_epi8(qy, qx)));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * GGML_CPU_FP16_TO_FP32(b->d)), q, acc[t]);
         }
     }
-    for (int r = 0; r < R; ++r) {
-        for (int t = 0; t < T; ++t) {
-            out[t * out_stride + r] = ssr_x86_hsum(acc[r][t]);
-        }
+    for (int t = 0; t < T; ++t) {
+        out[t * out_stride] = ssr_x86_hsum(acc[t]);
     }
 }
 
@@ -220,33 +209,25 @@ static inline __attribute__((always_inline)) void ssr_x86_q6_K(int T, int nb, co
     }
 }
 
-// One group: R weight rows (Q8_0: 1 or 2; K-quants one at a time) x T tokens (1..SSR_X86_TOKENS), the counts made constants so
-// that the accumulators live in registers.
+// One weight row x T tokens (1..SSR_X86_TOKENS), the count made a constant so that the accumulators live in
+// registers.
 #define SSR_X86_CASE_T(CALL) \
     switch (T) { case 1: { enum { TT = 1 }; CALL; break; } case 2: { enum { TT = 2 }; CALL; break; } \
-                 case 3: { enum { TT = 3 }; CALL; break; } default: { enum { TT = 4 }; CALL; break; } }
+                 case 3: { enum { TT = 3 }; CALL; break; } case 4: { enum { TT = 4 }; CALL; break; } \
+                 case 5: { enum { TT = 5 }; CALL; break; } case 6: { enum { TT = 6 }; CALL; break; } \
+                 case 7: { enum { TT = 7 }; CALL; break; } default: { enum { TT = 8 }; CALL; break; } }
 
-static inline void ssr_x86_group(enum ggml_type type, int R, int T, int64_t k, const char * w, size_t w_stride,
-                                 const char * y, size_t y_stride, float * out, size_t out_stride) {
+static inline void ssr_x86_row(enum ggml_type type, int T, int64_t k, const char * w, const char * y, size_t y_stride,
+                               float * out, size_t out_stride) {
     switch (type) {
         case GGML_TYPE_Q8_0:
-            if (R == 2) {
-                SSR_X86_CASE_T(ssr_x86_q8_0(2, TT, (int)(k / QK8_0), w, w_stride, y, y_stride, out, out_stride));
-            } else {
-                SSR_X86_CASE_T(ssr_x86_q8_0(1, TT, (int)(k / QK8_0), w, w_stride, y, y_stride, out, out_stride));
-            }
+            SSR_X86_CASE_T(ssr_x86_q8_0(TT, (int)(k / QK8_0), w, y, y_stride, out, out_stride));
             break;
         case GGML_TYPE_Q4_K:
-            for (int r = 0; r < R; ++r) {
-                SSR_X86_CASE_T(ssr_x86_q4_K(TT, (int)(k / QK_K), w + r * w_stride, y, y_stride, out + r,
-                                            out_stride));
-            }
+            SSR_X86_CASE_T(ssr_x86_q4_K(TT, (int)(k / QK_K), w, y, y_stride, out, out_stride));
             break;
         default:  // GGML_TYPE_Q6_K
-            for (int r = 0; r < R; ++r) {
-                SSR_X86_CASE_T(ssr_x86_q6_K(TT, (int)(k / QK_K), w + r * w_stride, y, y_stride, out + r,
-                                            out_stride));
-            }
+            SSR_X86_CASE_T(ssr_x86_q6_K(TT, (int)(k / QK_K), w, y, y_stride, out, out_stride));
             break;
     }
 }
@@ -258,29 +239,25 @@ static inline bool ssr_x86_rows_type(enum ggml_type type) {
 }
 
 // dst = src1 x src0^T for this thread's share of src0's rows, src1 already quantized into wdata (vec_dot_type rows
-// of row_size bytes). Each thread takes a contiguous run of weight rows (a multiple of 2); within it, groups of 2
-// weight rows x 4 tokens, tokens innermost so that a group's weights are read from memory once. A group of one token
-// runs ggml's vec_dot itself (vec_dot: the weight type's), which gives the same bits and reads a row's weights
-// faster alone.
+// of row_size bytes). Each thread takes a contiguous run of weight rows; each row meets the tokens eight at a time, so
+// that its weights are read from memory once. A group of one token runs ggml's vec_dot itself (vec_dot: the weight
+// type's), which gives the same bits.
 static inline void ssr_x86_rows_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * src0,
                                         struct ggml_tensor * dst, const char * wdata, size_t row_size,
                                         ggml_vec_dot_t vec_dot) {
-    const int64_t n_w = src0->ne[0 + 1], n_y = dst->ne[1], k = src0->ne[0];
-    const int64_t per_thread = ((n_w + params->nth - 1) / params->nth + 1) & ~(int64_t)1;
+    const int64_t n_w = src0->ne[1], n_y = dst->ne[1], k = src0->ne[0];
+    const int64_t per_thread = (n_w + params->nth - 1) / params->nth;
     const int64_t w_start = MIN(per_thread * params->ith, n_w), w_end = MIN(w_start + per_thread, n_w);
     const size_t out_stride = dst->nb[1] / sizeof(float);
-    for (int64_t r = w_start; r < w_end; r += 2) {
-        const int R = (int)MIN(2, w_end - r);
+    for (int64_t r = w_start; r < w_end; ++r) {
         const char * w = (const char *)src0->data + r * src0->nb[1];
         for (int64_t t = 0; t < n_y; t += SSR_X86_TOKENS) {
             const int T = (int)MIN(SSR_X86_TOKENS, n_y - t);
             float * out = (float *)dst->data + t * out_stride + r;
             if (T == 1) {
-                for (int i = 0; i < R; ++i) {
-                    vec_dot((int)k, out + i, 0, w + i * src0->nb[1], 0, wdata + t * row_size, 0, 1);
-                }
+                vec_dot((int)k, out, 0, w, 0, wdata + t * row_size, 0, 1);
             } else {
-                ssr_x86_group(src0->type, R, T, k, w, src0->nb[1], wdata + t * row_size, row_size, out, out_stride);
+                ssr_x86_row(src0->type, T, k, w, wdata + t * row_size, row_size, out, out_stride);
             }
         }
     }
