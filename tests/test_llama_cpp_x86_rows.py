@@ -40,7 +40,7 @@ PRELUDE = r"""
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define GGML_CPU_FP16_TO_FP32(x) _cvtsh_ss(x)
 typedef uint16_t ggml_half;
-enum ggml_type { GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q4_K = 12, GGML_TYPE_Q6_K = 14, GGML_TYPE_Q8_K = 15 };
+enum ggml_type { GGML_TYPE_F32 = 0, GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q4_K = 12, GGML_TYPE_Q6_K = 14, GGML_TYPE_Q8_K = 15 };
 typedef struct { ggml_half d; int8_t qs[QK8_0]; } block_q8_0;
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 typedef struct { ggml_half d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;

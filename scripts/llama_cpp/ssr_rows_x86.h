@@ -232,10 +232,13 @@ static inline void ssr_x86_row(enum ggml_type type, int T, int64_t k, const char
     }
 }
 
-// Whether these kernels take a matmul of this weight type: Q8_0 (the embedded models' Q5_0 rewritten too), Q4_K,
-// Q6_K; activations in F32, one matrix (no broadcast batches).
-static inline bool ssr_x86_rows_type(enum ggml_type type) {
-    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+// Whether these kernels take exact mode's matmul of src0 (weights) by src1: on (SSR_X86_ROWS), weights Q8_0 (the
+// embedded models' Q5_0 rewritten too), Q4_K or Q6_K, activations in F32, one matrix (no broadcast batches).
+static inline bool ssr_x86_rows_take(const struct ggml_tensor * src0, const struct ggml_tensor * src1) {
+    const enum ggml_type type = src0->type;
+    return ssr_x86_rows_on() && (type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) &&
+           src1->type == GGML_TYPE_F32 && src0->ne[2] == 1 && src0->ne[3] == 1 && src1->ne[2] == 1 &&
+           src1->ne[3] == 1;
 }
 
 // dst = src1 x src0^T for this thread's share of src0's rows, src1 already quantized into wdata (vec_dot_type rows
