@@ -57,7 +57,7 @@ patch_source() {  # patch_source SOURCE_DIR: SSR's patches to the vendored llama
   local llama="$1/vendor/llama.cpp" p
   command -v patch >/dev/null || { echo "install_llama_cpp: needs GNU patch (apt-get install patch)"; exit 1; }
   cp "$ROOT"/scripts/llama_cpp/ssr_amx_*.h "$ROOT/scripts/llama_cpp/ssr_quantize.h" "$llama/ggml/src/ggml-cpu/amx/"
-  cp "$ROOT/scripts/llama_cpp/ssr_attention.h" "$ROOT/scripts/llama_cpp/ssr_rows_x86.h" "$llama/ggml/src/ggml-cpu/"
+  cp "$ROOT/scripts/llama_cpp/ssr_attention.h" "$ROOT"/scripts/llama_cpp/ssr_rows_x86*.h "$llama/ggml/src/ggml-cpu/"
   for p in "$ROOT"/scripts/llama_cpp/*.patch; do
     patch --quiet --batch --forward -p1 -d "$llama" -i "$p" ||
       { echo "install_llama_cpp: $(basename "$p") does not apply to llama-cpp-python $VERSION's source"; exit 1; }

@@ -210,6 +210,7 @@ def test_default_mode_is_exact_where_it_costs_no_more(backend):
         assert b.exact == b.row_exact == b.batch_invariant == expected
         if expected:
             assert b.amx == (kernels == "amx") and b.x86_rows == (kernels == "x86")  # the AMX layout, or ggml's
+            assert b.x86_layout == (kernels == "x86" and library.x86_layout)  # and there SSR's eight-row layouts
     finally:
         b.close()
 
@@ -333,11 +334,13 @@ def test_exact_mode_is_one_decode_a_step_and_bitwise_past_512_cells(exact_rows):
     backend = exact_rows
     if not backend.batch_invariant:
         pytest.skip("this llama.cpp build lacks scripts/install_llama_cpp.sh's attention patch: exact mode splits rows")
-    # on a build with SSR's rows kernels the weights stay in the AMX layout: every decode below, one row or 19, goes
-    # through them (install_llama_cpp.sh; with AMX, SSR_AMX_VNNI_ROWS=12 sends the 19 rows to its tiles, which hold
-    # this too)
-    kernels = _rows_kernels(_kernels(backend._ll), Path(backend.model_path), _cpu_library(backend._ll).x86_rows)
+    # on a build with SSR's rows kernels the weights stay in the AMX layout, or (AVX2 builds) in SSR's eight-row
+    # layouts: every decode below, one row or 19, goes through them (install_llama_cpp.sh; with AMX,
+    # SSR_AMX_VNNI_ROWS=12 sends the 19 rows to its tiles, which hold this too)
+    library = _cpu_library(backend._ll)
+    kernels = _rows_kernels(_kernels(backend._ll), Path(backend.model_path), library.x86_rows)
     assert backend.amx == (kernels == "amx") and backend.x86_rows == (kernels == "x86")
+    assert backend.x86_layout == (kernels == "x86" and library.x86_layout)  # SSR's eight-row layouts (patch 8)
     ids = backend.tokenizer.encode(open(__file__).read(), add_special_tokens=False)[:600]
     backend.release_all()
     lane = backend.new_lane()

@@ -109,20 +109,34 @@ int main() {
 """
 
 
-def _isa() -> tuple[str, list[str]]:
-    """The best int8 dot product this CPU has, and the compiler flags for it."""
+# The int8 dot products the program can be built for: name, g++ flags, the /proc/cpuinfo flags a CPU needs.
+ISAS = {
+    "avx512-vnni": ("AVX-512 VNNI", ["-mavx512f", "-mavx512bw", "-mavx512vnni"],
+                    {"avx512f", "avx512bw", "avx512_vnni"}),
+    "avx-vnni": ("AVX-VNNI", ["-mavx2", "-mavxvnni"], {"avx2", "avx_vnni"}),
+    "avx2": ("AVX2", ["-mavx2"], {"avx2"}),
+}
+
+
+def _isa(name: str | None = None) -> tuple[str, list[str]]:
+    """The int8 dot product ``name`` (a key of ISAS; it must run here), else the best this CPU has, and the compiler
+    flags for it. Naming one measures a class below the CPU's own: AVX2's peak on an AVX-512 machine, for one."""
     flags = set((_cpuinfo().get("flags") or "").split())
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
-        return "AVX-512 VNNI", ["-mavx512f", "-mavx512bw", "-mavx512vnni"]
-    if "avx_vnni" in flags:
-        return "AVX-VNNI", ["-mavx2", "-mavxvnni"]
-    return "AVX2", ["-mavx2"]
+    if name is not None:
+        label, gcc_flags, needs = ISAS[name]
+        if not needs <= flags:
+            raise SystemExit(f"roofline: this CPU lacks {', '.join(sorted(needs - flags))} for {label}")
+        return label, gcc_flags
+    for label, gcc_flags, needs in ISAS.values():
+        if needs <= flags:
+            return label, gcc_flags
+    raise SystemExit("roofline: needs AVX2")
 
 
-def measure(threads: int) -> dict:
+def measure(threads: int, isa_name: str | None = None) -> dict:
     if shutil.which("g++") is None:
         raise SystemExit("roofline: needs g++")
-    isa, flags = _isa()
+    isa, flags = _isa(isa_name)
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "roofline.cpp", Path(tmp) / "roofline"
         src.write_text(SOURCE)
@@ -135,7 +149,9 @@ def measure(threads: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ssr_bench.roofline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
-    print(json.dumps(measure(parser.parse_args(argv).threads)))
+    parser.add_argument("--isa", choices=sorted(ISAS), help="the int8 dot product to measure (default: the best here)")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.threads, args.isa)))
 
 
 if __name__ == "__main__":

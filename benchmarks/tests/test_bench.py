@@ -641,3 +641,17 @@ def test_projection_prices_the_passes_the_policy_chose_with_the_table(tmp_path, 
 
     with pytest.raises(ValueError, match="cheap"):  # a name that is not in the file: the error names those that are
         load_table(f"{table_file}#dear")
+
+
+def test_roofline_measures_the_named_int8_class_or_says_what_is_missing(monkeypatch):
+    """``--isa`` builds the roofline program for a class below the CPU's own (AVX2's peak on an AVX-512 machine)
+    and refuses one the CPU cannot run, naming the flags it lacks; unnamed, the best the CPU has."""
+    from ssr_bench import roofline
+
+    monkeypatch.setattr(roofline, "_cpuinfo", lambda: {"flags": "sse2 avx2 fma avx512f avx512bw avx512_vnni"})
+    assert roofline._isa() == ("AVX-512 VNNI", ["-mavx512f", "-mavx512bw", "-mavx512vnni"])
+    assert roofline._isa("avx2") == ("AVX2", ["-mavx2"])
+    with pytest.raises(SystemExit, match="avx_vnni"):
+        roofline._isa("avx-vnni")
+    monkeypatch.setattr(roofline, "_cpuinfo", lambda: {"flags": "sse2 avx2 fma avx_vnni"})
+    assert roofline._isa() == ("AVX-VNNI", ["-mavx2", "-mavxvnni"])

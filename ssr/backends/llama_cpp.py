@@ -177,24 +177,29 @@ class LlamaCppBackend(Backend[_Lane]):
         # exact mode on a build whose attention can compute every row alike (install_llama_cpp.sh's patch): every
         # step in one multi-row decode, bitwise whatever the batch. The AMX layout keeps that (SSR's rows kernels,
         # ggml's one-row kernel and AMX tiles give a row the bits it has alone: measured, and tests/test_llama_cpp.py
-        # checks it); CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact mode
-        # on other builds loads the plain layout, where the patched CPU backend runs every matmul per row (SSR's x86
-        # rows kernels for Q8_0, Q4_K and Q6_K, ggml's vec_dot for the rest). Without the patch, exact mode splits
-        # the rows (EXACT_ROWS).
+        # checks it); ggml's CPU repacking does not (its gemm for each group of 4 rows rounds differently), so exact
+        # mode on other builds repacks only Q8_0, Q4_K and Q6_K, into SSR's eight-row layouts (patch 0008), whose
+        # kernel gives a row the same bits in any batch, and loads the rest on the plain layout, where the patched
+        # CPU backend runs every matmul per row (patch 0007: SSR's x86 rows kernels, ggml's vec_dot for other types).
+        # Without the patch, exact mode splits the rows (EXACT_ROWS).
         self.batch_invariant = self.exact and library.reference_attention
         self.released_cells_linger = self.exact  # _retire: a freed lane's cells stay taken while others live
         amx_layout = rows_kernels == "amx"
+        self.x86_rows = self.batch_invariant and rows_kernels == "x86"  # SSR's x86 rows kernels
+        # SSR's eight-row layouts (patch 0008): in exact mode ggml's repack buffer takes them alone
+        self.x86_layout = (self.x86_rows and bool(repack) and library.x86_layout
+                           and os.environ.get("SSR_X86_LAYOUT", "").strip() != "0")
         if not self.exact:
             extra = bool(repack)  # llama.cpp's CPU weight repacking and, on an AMX build, the AMX layout
         elif self.batch_invariant:
-            extra = bool(repack) and amx_layout
+            extra = (bool(repack) and amx_layout) or self.x86_layout
         else:
             extra = bool(repack) and not amx_layout
         self.amx = extra and amx_layout  # the AMX layout: SSR's rows kernels (and AMX tiles where the CPU has them)
-        self.x86_rows = self.batch_invariant and rows_kernels == "x86"  # SSR's rows kernels on ggml's layout
         # the build is part of the cost table's key: the same CPU costs differently per build and kernel patch
         self.cost_version = (f"{type(self).cost_version};{','.join(built_with)};{library.digest}"
                              + (";amx" if self.amx else "") + (";x86-rows" if self.x86_rows else "")
+                             + (";x86-layout" if self.x86_layout else "")
                              + (";reference-attention" if self.batch_invariant else "")
                              + "".join(f";{name.lower()}={os.environ[name]}"  # the kernels' row limits, moved
                                        for name in ("SSR_AMX_VNNI_ROWS", "SSR_AMX_TILE_ROWS")
@@ -209,7 +214,8 @@ class LlamaCppBackend(Backend[_Lane]):
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
         mparams.use_extra_bufts = extra
-        self._model = ll.llama_model_load_from_file(str(weights).encode(), mparams)
+        with _environment(GGML_CPU_USE_REF="1" if self.x86_layout else None):  # patch 0008 reads it as weights load
+            self._model = ll.llama_model_load_from_file(str(weights).encode(), mparams)
         if not self._model:
             raise LlamaCppError(f"llama.cpp could not load {weights}")
         cparams = ll.llama_context_default_params()
@@ -551,11 +557,13 @@ def _cpu_library(ll) -> SimpleNamespace:
     """What the loaded CPU library (libggml-cpu) is, from its bytes: ``reference_attention``, whether it reads
     ``GGML_CPU_USE_REF`` (the patch scripts/install_llama_cpp.sh applies, which makes flash attention compute each
     query row alike in any batch); ``x86_rows``, whether it has SSR's rows kernels on ggml's own layout (patch
-    0007, which also makes exact mode run every matmul per row); ``digest``, a short hash of the file (a rebuilt
+    0007, which also makes exact mode run every matmul per row); ``x86_layout``, whether its repack buffer has SSR's
+    eight-row layouts for exact mode (patch 0008); ``digest``, a short hash of the file (a rebuilt
     library, SSR's multi-row AMX kernels among its patches, is calibrated again)."""
     found = sorted(path for path in Path(ll.llama_cpp._base_path).glob("libggml-cpu*") if path.is_file())
     data = found[0].read_bytes() if found else b""  # libggml-cpu.so (its versioned names hold the same library)
     return SimpleNamespace(reference_attention=b"GGML_CPU_USE_REF" in data, x86_rows=b"SSR_X86_ROWS" in data,
+                           x86_layout=b"SSR_X86_LAYOUT" in data,
                            digest=hashlib.sha256(data).hexdigest()[:12])
 
 
