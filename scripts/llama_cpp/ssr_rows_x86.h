@@ -14,7 +14,12 @@
 // in block order with vec_dot's multiply-adds and reduced with its horizontal sum: a row has vec_dot's bits, the bits
 // it has alone, whatever else is in the batch.
 //
-// SSR_X86_ROWS=0 (environment, read once) turns them off: exact mode then runs ggml's vec_dot for every row.
+// The second half of this file holds SSR's eight-row layouts for the same weight types and their kernels (patch
+// 0008 registers them in ggml's CPU repack buffer: ssr_rows_x86_layout.h), which share the per-token arithmetic
+// among eight weight rows too; where exact mode loads them, they take every matmul of those weights and the kernels
+// above take none.
+//
+// SSR_X86_ROWS=0 (environment, read once) turns both off: exact mode then runs ggml's vec_dot for every row.
 
 #pragma once
 
